@@ -1,0 +1,1 @@
+//! Code emitters (Triton; the lower issue builds it).

@@ -1,0 +1,453 @@
+//! The `efopt` command: argument parsing, the pass pipeline (a straight-line driver that
+//! verifies between passes in debug builds and tests), IR dumps, `--split-input-file`,
+//! `--verify-diagnostics`, timing and statistics.
+
+mod expect;
+mod pipeline;
+
+use crate::diag::{Diagnostic, Severity, SourceMap};
+use crate::ir::print::{print_module, PrintOptions};
+use crate::ir::{Binding, Module};
+use crate::passes::{registry, PassContext};
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::Instant;
+
+pub use pipeline::{parse_pipeline, PassSpec};
+
+pub const HELP: &str = "\
+efopt — tensor-program superoptimizer (EquiForge)
+
+USAGE:
+    efopt [OPTIONS] [FILE]            (FILE `-` or absent: standard input)
+
+Reads a module in the .ef textual IR, verifies it, runs a pipeline of named passes and
+prints the resulting IR (canonical form; it parses again). With no --passes it prints
+the canonical form of the input.
+
+PIPELINE:
+    --passes=PIPELINE         comma-separated passes with options in braces:
+                              --passes='verify,check{against=m0.ef tol=0.01}'
+    --list-passes             list every pass with its summary and options
+    --verify-each=BOOL        verify after every pass (default: on in debug builds)
+
+INPUT AND OUTPUT:
+    -o FILE                   write the final IR to FILE instead of standard output
+    --split-input-file        process chunks separated by `// -----` independently
+    --verify-diagnostics      check diagnostics against `// expected-error@+1 {{…}}`
+                              (also -warning, -note, -remark; @+N, @-N, @N or none)
+    --set NAME=VALUE          override a `where` binding (dimension size or axis extent),
+                              e.g. --set B=16; repeatable
+    --seed N                  seed for random inputs of interpret/check (default 0)
+    --print-types             print every statement's inferred type
+
+DEBUGGING:
+    --print-ir-after-all      dump the IR after every pass to stderr
+    --print-ir-before=NAME    dump the IR before pass NAME (repeatable)
+    --print-ir-after=NAME     dump the IR after pass NAME (repeatable)
+    --timing                  per-pass wall time on stderr
+    --stats=json              per-pass counters as JSON on stderr
+    --color=WHEN              color diagnostics: auto (default), always, never
+    -h, --help                this help
+    -V, --version             version
+
+Dumps are delimited by `// -----// IR Dump … //----- //` comment lines, so each dump
+parses as a module. Diagnostics go to stderr; exit code 1 on any error.
+";
+
+#[derive(Debug, Default)]
+pub struct Options {
+    pub input: Option<String>,
+    pub output: Option<String>,
+    pub pipeline: Option<String>,
+    pub list_passes: bool,
+    pub verify_each: bool,
+    pub split_input_file: bool,
+    pub verify_diagnostics: bool,
+    pub sets: Vec<(String, u64)>,
+    pub seed: u64,
+    pub print_types: bool,
+    pub print_after_all: bool,
+    pub print_before: Vec<String>,
+    pub print_after: Vec<String>,
+    pub timing: bool,
+    pub stats_json: bool,
+    pub color: Option<bool>,
+}
+
+/// Parses command-line arguments (without the program name).
+pub fn parse_args(args: &[String]) -> Result<Options, String> {
+    let mut o = Options {
+        verify_each: cfg!(debug_assertions),
+        ..Options::default()
+    };
+    let mut i = 0;
+    let mut positional = Vec::new();
+    while i < args.len() {
+        let arg = &args[i];
+        let (key, inline_val) = match arg.split_once('=') {
+            Some((k, v)) if k.starts_with("--") => (k.to_string(), Some(v.to_string())),
+            _ => (arg.clone(), None),
+        };
+        let mut value = |name: &str| -> Result<String, String> {
+            if let Some(v) = &inline_val {
+                return Ok(v.clone());
+            }
+            i += 1;
+            args.get(i).cloned().ok_or_else(|| format!("option {name} needs a value"))
+        };
+        match key.as_str() {
+            "-h" | "--help" => return Err(String::new()),
+            "-V" | "--version" => return Err("version".into()),
+            "--passes" | "-p" => o.pipeline = Some(value(&key)?),
+            "--list-passes" => o.list_passes = true,
+            "--verify-each" => {
+                o.verify_each = match inline_val.as_deref() {
+                    None | Some("true") => true,
+                    Some("false") => false,
+                    Some(v) => return Err(format!("--verify-each takes true or false, not `{v}`")),
+                }
+            }
+            "-o" => o.output = Some(value("-o")?),
+            "--split-input-file" => o.split_input_file = true,
+            "--verify-diagnostics" => o.verify_diagnostics = true,
+            "--set" => {
+                let v = value("--set")?;
+                let (name, n) = v.split_once('=').ok_or_else(|| format!("--set takes NAME=VALUE, got `{v}`"))?;
+                let n: u64 = n.parse().map_err(|_| format!("--set {name}: `{n}` is not a non-negative integer"))?;
+                if !crate::ir::is_dim_symbol(name) && !crate::ir::is_axis_name(name) {
+                    return Err(format!("--set: `{name}` is neither a dimension (upper case) nor an axis (lower case)"));
+                }
+                o.sets.push((name.to_string(), n));
+            }
+            "--seed" => {
+                let v = value("--seed")?;
+                o.seed = v.parse().map_err(|_| format!("--seed takes an integer, got `{v}`"))?;
+            }
+            "--print-types" => o.print_types = true,
+            "--print-ir-after-all" => o.print_after_all = true,
+            "--print-ir-before" => o.print_before.push(value(&key)?),
+            "--print-ir-after" => o.print_after.push(value(&key)?),
+            "--timing" => o.timing = true,
+            "--stats" => match value("--stats")?.as_str() {
+                "json" => o.stats_json = true,
+                other => return Err(format!("--stats supports `json`, not `{other}`")),
+            },
+            "--color" => {
+                o.color = match value("--color")?.as_str() {
+                    "auto" => None,
+                    "always" => Some(true),
+                    "never" => Some(false),
+                    other => return Err(format!("--color takes auto, always or never, not `{other}`")),
+                }
+            }
+            "-" => positional.push(arg.clone()),
+            s if s.starts_with('-') => return Err(format!("unknown option `{arg}` (see --help)")),
+            _ => positional.push(arg.clone()),
+        }
+        i += 1;
+    }
+    if positional.len() > 1 {
+        return Err(format!("expected one input file, got {}: {}", positional.len(), positional.join(" ")));
+    }
+    o.input = positional.pop();
+    Ok(o)
+}
+
+pub fn list_passes() -> String {
+    let mut s = String::from("Available passes:\n");
+    for p in registry() {
+        s.push_str(&format!("  {:<12} {}\n", p.name, p.summary));
+        for o in p.options {
+            let default = if o.default.is_empty() { String::new() } else { format!(" (default {})", o.default) };
+            s.push_str(&format!("      {:<12} {}{default}\n", o.name, o.help));
+        }
+    }
+    s
+}
+
+/// The result of processing one input chunk.
+struct ChunkOutcome {
+    output: String,
+    diagnostics: Vec<Diagnostic>,
+    failed: bool,
+}
+
+struct Timing {
+    rows: Vec<(String, f64)>,
+}
+
+/// Runs the command; returns the process exit code.
+pub fn run(args: &[String]) -> i32 {
+    let opts = match parse_args(args) {
+        Ok(o) => o,
+        Err(e) if e.is_empty() => {
+            print!("{HELP}");
+            return 0;
+        }
+        Err(e) if e == "version" => {
+            println!("efopt {}", env!("CARGO_PKG_VERSION"));
+            return 0;
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            return 1;
+        }
+    };
+    if opts.list_passes {
+        print!("{}", list_passes());
+        return 0;
+    }
+    let color = opts.color.unwrap_or_else(|| std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none());
+    let mut sources = SourceMap::default();
+
+    // The pipeline string is a source of its own so errors point into it.
+    let pipeline_text = opts.pipeline.clone().unwrap_or_default();
+    let pipeline_src = sources.add("<pipeline>", pipeline_text.clone());
+    let specs = match parse_pipeline(&pipeline_text, pipeline_src) {
+        Ok(s) => s,
+        Err(diags) => {
+            for d in &diags {
+                sources.render(d, color, &mut std::io::stderr());
+            }
+            return 1;
+        }
+    };
+    for name in opts.print_before.iter().chain(&opts.print_after) {
+        if !registry().iter().any(|p| p.name == name) {
+            eprintln!("error: --print-ir-before/after: unknown pass `{name}` (see --list-passes)");
+            return 1;
+        }
+    }
+
+    let (name, bytes) = match read_input(opts.input.as_deref()) {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return 1;
+        }
+    };
+    let text = match String::from_utf8(bytes) {
+        Ok(t) => t,
+        Err(e) => {
+            let at = e.utf8_error().valid_up_to();
+            let lossy = String::from_utf8_lossy(e.as_bytes()).into_owned();
+            let id = sources.add(name.clone(), lossy);
+            let d = Diagnostic::error(crate::diag::Span::new(id, at, at + 1), "input is not valid UTF-8")
+                .with_label(format!("invalid byte at offset {at}"))
+                .with_help("efopt reads UTF-8 text; check the file's encoding");
+            sources.render(&d, color, &mut std::io::stderr());
+            return 1;
+        }
+    };
+    let base_dir = opts
+        .input
+        .as_deref()
+        .filter(|p| *p != "-")
+        .and_then(|p| std::path::Path::new(p).parent().map(|d| d.to_path_buf()))
+        .unwrap_or_else(|| PathBuf::from("."));
+
+    let chunks = if opts.split_input_file { split_chunks(&text) } else { vec![(0, text.len())] };
+    let mut outputs = Vec::new();
+    let mut exit = 0;
+    let mut timing = Timing { rows: Vec::new() };
+    let mut stats = Vec::new();
+    for (start, end) in chunks {
+        // Other chunks are blanked (newlines kept) so spans and line numbers are the file's.
+        let masked: String = text
+            .char_indices()
+            .map(|(i, c)| if (start..end).contains(&i) || c == '\n' { c } else { ' ' })
+            .collect();
+        let id = sources.add(name.clone(), masked.clone());
+        let outcome = process_chunk(&masked, id, &opts, &specs, &mut sources, &base_dir, &mut timing, &mut stats);
+        if opts.verify_diagnostics {
+            let problems = expect::verify_diagnostics(&masked, id, &outcome.diagnostics, &sources);
+            for d in &problems {
+                sources.render(d, color, &mut std::io::stderr());
+            }
+            if !problems.is_empty() {
+                exit = 1;
+            }
+        } else {
+            for d in &outcome.diagnostics {
+                sources.render(d, color, &mut std::io::stderr());
+            }
+            if outcome.failed {
+                exit = 1;
+            }
+        }
+        outputs.push(outcome.output);
+    }
+    let joined = outputs.join("// -----\n");
+    if let Some(path) = &opts.output {
+        if let Err(e) = std::fs::write(path, &joined) {
+            eprintln!("error: cannot write `{path}`: {e}");
+            return 1;
+        }
+    } else {
+        let mut stdout = std::io::stdout().lock();
+        let _ = stdout.write_all(joined.as_bytes());
+    }
+    if opts.timing {
+        let total: f64 = timing.rows.iter().map(|r| r.1).sum();
+        let mut s = String::from("// ===- Pass execution timing report -===\n//   wall (ms)   pass\n");
+        for (name, ms) in &timing.rows {
+            s.push_str(&format!("//   {ms:>9.3}   {name}\n"));
+        }
+        s.push_str(&format!("//   {total:>9.3}   total\n"));
+        eprint!("{s}");
+    }
+    if opts.stats_json {
+        let doc = serde_json::json!({ "chunks": stats });
+        eprintln!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+    }
+    exit
+}
+
+fn read_input(path: Option<&str>) -> Result<(String, Vec<u8>), String> {
+    match path {
+        None | Some("-") => {
+            let mut buf = Vec::new();
+            std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf).map_err(|e| format!("cannot read standard input: {e}"))?;
+            Ok(("<stdin>".into(), buf))
+        }
+        Some(p) => std::fs::read(p).map(|b| (p.to_string(), b)).map_err(|e| format!("cannot read `{p}`: {e}")),
+    }
+}
+
+/// Byte ranges of the chunks separated by `// -----` lines.
+fn split_chunks(text: &str) -> Vec<(usize, usize)> {
+    let mut chunks = Vec::new();
+    let mut start = 0;
+    let mut pos = 0;
+    for line in text.split_inclusive('\n') {
+        if line.trim() == "// -----" {
+            chunks.push((start, pos));
+            start = pos + line.len();
+        }
+        pos += line.len();
+    }
+    chunks.push((start, text.len()));
+    chunks
+}
+
+/// Applies `--set` overrides to every function that binds or uses the name.
+fn apply_sets(m: &mut Module, sets: &[(String, u64)]) {
+    for f in &mut m.funcs {
+        for (name, value) in sets {
+            if let Some(b) = f.bindings.iter_mut().find(|b| &b.name == name) {
+                b.value = *value;
+            } else if function_mentions(f, name) {
+                f.bindings.push(Binding {
+                    name: name.clone(),
+                    value: *value,
+                    span: f.name_span,
+                });
+            }
+        }
+    }
+}
+
+fn function_mentions(f: &crate::ir::Function, name: &str) -> bool {
+    let text = crate::ir::print::print_function(f, PrintOptions::default());
+    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).any(|w| w == name)
+}
+
+fn dump(title: &str, m: &Module, opts: &Options) {
+    let body = print_module(m, PrintOptions { types: opts.print_types });
+    eprint!("// -----// IR Dump {title} //----- //\n{body}\n");
+}
+
+#[allow(clippy::too_many_arguments)]
+fn process_chunk(
+    text: &str,
+    source: u32,
+    opts: &Options,
+    specs: &[PassSpec],
+    sources: &mut SourceMap,
+    base_dir: &std::path::Path,
+    timing: &mut Timing,
+    stats: &mut Vec<serde_json::Value>,
+) -> ChunkOutcome {
+    let mut diagnostics = Vec::new();
+    let fail = |diagnostics: Vec<Diagnostic>| ChunkOutcome {
+        output: String::new(),
+        diagnostics,
+        failed: true,
+    };
+    let t0 = Instant::now();
+    let mut module = match crate::parse::parse_module(text, source) {
+        Ok(m) => m,
+        Err(d) => return fail(d),
+    };
+    timing.rows.push(("parse".into(), t0.elapsed().as_secs_f64() * 1e3));
+    apply_sets(&mut module, &opts.sets);
+    let t0 = Instant::now();
+    if let Err(d) = crate::passes::verify::verify_module(&mut module) {
+        return fail(d);
+    }
+    timing.rows.push(("verify (on load)".into(), t0.elapsed().as_secs_f64() * 1e3));
+    let original = module.clone();
+    let mut pass_stats = Vec::new();
+    for spec in specs {
+        let Some(info) = registry().into_iter().find(|p| p.name == spec.name) else {
+            continue; // rejected when the pipeline was parsed
+        };
+        if opts.print_before.contains(&spec.name) {
+            dump(&format!("Before {}", spec.name), &module, opts);
+        }
+        let mut pass = (info.create)(&info, &spec.options);
+        let mut cx = PassContext {
+            sources,
+            original: &original,
+            seed: opts.seed,
+            base_dir: base_dir.to_path_buf(),
+            report: Vec::new(),
+            diagnostics: Vec::new(),
+            counters: Default::default(),
+        };
+        let t0 = Instant::now();
+        let result = pass.run(&mut module, &mut cx);
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        timing.rows.push((spec.name.clone(), ms));
+        let report = std::mem::take(&mut cx.report);
+        diagnostics.append(&mut cx.diagnostics);
+        pass_stats.push(serde_json::json!({ "pass": spec.name, "wall_ms": ms, "counters": cx.counters }));
+        if !report.is_empty() {
+            let mut stdout = std::io::stdout().lock();
+            for line in report {
+                let _ = writeln!(stdout, "{line}");
+            }
+        }
+        if let Err(mut d) = result {
+            diagnostics.append(&mut d);
+            stats.push(serde_json::json!({ "passes": pass_stats }));
+            return ChunkOutcome {
+                output: String::new(),
+                diagnostics,
+                failed: true,
+            };
+        }
+        if opts.verify_each {
+            if let Err(d) = crate::passes::verify::verify_module(&mut module) {
+                diagnostics.push(Diagnostic::global(Severity::Error, format!("pass `{}` produced IR that does not verify", spec.name)));
+                diagnostics.extend(d);
+                return ChunkOutcome {
+                    output: String::new(),
+                    diagnostics,
+                    failed: true,
+                };
+            }
+        }
+        if opts.print_after_all || opts.print_after.contains(&spec.name) {
+            dump(&format!("After {}", spec.name), &module, opts);
+        }
+    }
+    stats.push(serde_json::json!({ "passes": pass_stats }));
+    let failed = diagnostics.iter().any(|d| d.is_error());
+    ChunkOutcome {
+        output: print_module(&module, PrintOptions { types: opts.print_types }),
+        diagnostics,
+        failed,
+    }
+}

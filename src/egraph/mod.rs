@@ -1,0 +1,1 @@
+//! The typed e-graph and equality rules (the saturate issue builds it).

@@ -1,0 +1,428 @@
+//! The arena-based SSA IR: a module of functions and reducer definitions. Every expression —
+//! named by a statement or nested inside another — is a [`Node`] in its body's arena and is
+//! referred to by a [`NodeId`] handle. Nodes only refer to earlier nodes, so arena order is a
+//! topological order.
+
+use super::types::{DType, Dim, Type};
+use crate::diag::Span;
+
+/// Handle of a node in a [`Body`] arena.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeId(pub u32);
+
+impl NodeId {
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    Exp,
+    Log,
+    Sqrt,
+    Rsqrt,
+    Reciprocal,
+    Neg,
+    Abs,
+    Tanh,
+    Sigmoid,
+    Silu,
+    Gelu,
+    Square,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    Add,
+    Subtract,
+    Multiply,
+    Divide,
+    Maximum,
+    Minimum,
+    Pow,
+    Less,
+    LessEqual,
+    Greater,
+    GreaterEqual,
+    Equal,
+    NotEqual,
+    And,
+    Or,
+}
+
+pub const UNARY_OPS: &[(&str, UnaryOp)] = &[
+    ("exp", UnaryOp::Exp),
+    ("log", UnaryOp::Log),
+    ("sqrt", UnaryOp::Sqrt),
+    ("rsqrt", UnaryOp::Rsqrt),
+    ("reciprocal", UnaryOp::Reciprocal),
+    ("neg", UnaryOp::Neg),
+    ("abs", UnaryOp::Abs),
+    ("tanh", UnaryOp::Tanh),
+    ("sigmoid", UnaryOp::Sigmoid),
+    ("silu", UnaryOp::Silu),
+    ("gelu", UnaryOp::Gelu),
+    ("square", UnaryOp::Square),
+];
+
+pub const BINARY_OPS: &[(&str, BinaryOp)] = &[
+    ("add", BinaryOp::Add),
+    ("subtract", BinaryOp::Subtract),
+    ("multiply", BinaryOp::Multiply),
+    ("divide", BinaryOp::Divide),
+    ("maximum", BinaryOp::Maximum),
+    ("minimum", BinaryOp::Minimum),
+    ("pow", BinaryOp::Pow),
+    ("less", BinaryOp::Less),
+    ("less_equal", BinaryOp::LessEqual),
+    ("greater", BinaryOp::Greater),
+    ("greater_equal", BinaryOp::GreaterEqual),
+    ("equal", BinaryOp::Equal),
+    ("not_equal", BinaryOp::NotEqual),
+    ("logical_and", BinaryOp::And),
+    ("logical_or", BinaryOp::Or),
+];
+
+/// Short spellings accepted on input and printed in canonical form.
+pub const OP_ALIASES: &[(&str, &str)] = &[
+    ("mul", "multiply"),
+    ("sub", "subtract"),
+    ("div", "divide"),
+    ("max", "maximum"),
+    ("min", "minimum"),
+];
+
+impl UnaryOp {
+    pub fn name(self) -> &'static str {
+        UNARY_OPS.iter().find(|(_, o)| *o == self).map(|(n, _)| *n).unwrap_or("?")
+    }
+}
+
+impl BinaryOp {
+    pub fn name(self) -> &'static str {
+        BINARY_OPS.iter().find(|(_, o)| *o == self).map(|(n, _)| *n).unwrap_or("?")
+    }
+
+    /// The infix spelling, for the four arithmetic operators.
+    pub fn infix(self) -> Option<(&'static str, u8)> {
+        match self {
+            BinaryOp::Add => Some(("+", 1)),
+            BinaryOp::Subtract => Some(("-", 1)),
+            BinaryOp::Multiply => Some(("*", 2)),
+            BinaryOp::Divide => Some(("/", 2)),
+            _ => None,
+        }
+    }
+
+    pub fn is_comparison(self) -> bool {
+        matches!(
+            self,
+            BinaryOp::Less
+                | BinaryOp::LessEqual
+                | BinaryOp::Greater
+                | BinaryOp::GreaterEqual
+                | BinaryOp::Equal
+                | BinaryOp::NotEqual
+        )
+    }
+
+    pub fn is_logical(self) -> bool {
+        matches!(self, BinaryOp::And | BinaryOp::Or)
+    }
+}
+
+/// A dimension named in an attribute: by symbol (`K`) or by index (`0`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum DimRef {
+    Name(String),
+    Index(usize),
+}
+
+impl std::fmt::Display for DimRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DimRef::Name(n) => f.write_str(n),
+            DimRef::Index(i) => write!(f, "{i}"),
+        }
+    }
+}
+
+/// A field of a tuple: by position or by the state-field name of the reducer that built it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum FieldRef {
+    Index(usize),
+    Name(String),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BuiltinReducer {
+    Add,
+    Mul,
+    Max,
+    Min,
+}
+
+impl BuiltinReducer {
+    pub fn parse(name: &str) -> Option<BuiltinReducer> {
+        Some(match name {
+            "add" => BuiltinReducer::Add,
+            "mul" => BuiltinReducer::Mul,
+            "max" => BuiltinReducer::Max,
+            "min" => BuiltinReducer::Min,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            BuiltinReducer::Add => "add",
+            BuiltinReducer::Mul => "mul",
+            BuiltinReducer::Max => "max",
+            BuiltinReducer::Min => "min",
+        }
+    }
+
+    pub fn identity(self) -> f64 {
+        match self {
+            BuiltinReducer::Add => 0.0,
+            BuiltinReducer::Mul => 1.0,
+            BuiltinReducer::Max => f64::NEG_INFINITY,
+            BuiltinReducer::Min => f64::INFINITY,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum ReducerRef {
+    Builtin(BuiltinReducer),
+    /// A reducer defined in the module (`reducer @name(...)`), by name without `@`.
+    User(String),
+}
+
+impl std::fmt::Display for ReducerRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReducerRef::Builtin(b) => write!(f, "@{}", b.name()),
+            ReducerRef::User(n) => write!(f, "@{n}"),
+        }
+    }
+}
+
+/// What a `reduce` folds over: a tensor dimension, or the coordinates of a parallel axis.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOver {
+    Axis(DimRef),
+    Parallel(String),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum ExprKind {
+    /// A function argument; its position is its index in [`Body::params`].
+    Input,
+    /// A reducer's state or item field; its position is its index in [`Body::params`].
+    Param,
+    /// A broadcastable literal of the annotated type.
+    Constant(f64),
+    /// A tensor of the annotated type filled with a value.
+    Fill(f64),
+    /// The coordinate along a dimension, broadcast over the others (annotated type).
+    Iota(DimRef),
+    Tuple(Vec<NodeId>),
+    Get(FieldRef, NodeId),
+    Partition(DimRef, String, NodeId),
+    Replicate(String, NodeId),
+    Combination(DimRef, String, NodeId),
+    Collection(String, NodeId),
+    Unary(UnaryOp, NodeId),
+    Binary(BinaryOp, NodeId, NodeId),
+    Select(NodeId, NodeId, NodeId),
+    Cast(DType, NodeId),
+    MatMul {
+        a: NodeId,
+        b: NodeId,
+        acc: Option<DType>,
+    },
+    TileMatMul {
+        a: NodeId,
+        b: NodeId,
+        acc: Option<DType>,
+    },
+    Reduce {
+        input: NodeId,
+        over: ReduceOver,
+        reducer: ReducerRef,
+        keep_dims: bool,
+    },
+    Transpose(Vec<usize>, NodeId),
+    Reshape(Vec<Dim>, NodeId),
+    Broadcast(Vec<Dim>, NodeId),
+}
+
+impl ExprKind {
+    /// Operand handles in order.
+    pub fn operands(&self) -> Vec<NodeId> {
+        use ExprKind::*;
+        match self {
+            Input | Param | Constant(_) | Fill(_) | Iota(_) => vec![],
+            Tuple(xs) => xs.clone(),
+            Get(_, x)
+            | Partition(_, _, x)
+            | Replicate(_, x)
+            | Combination(_, _, x)
+            | Collection(_, x)
+            | Unary(_, x)
+            | Cast(_, x)
+            | Transpose(_, x)
+            | Reshape(_, x)
+            | Broadcast(_, x) => vec![*x],
+            Reduce { input, .. } => vec![*input],
+            Binary(_, a, b) | MatMul { a, b, .. } | TileMatMul { a, b, .. } => vec![*a, *b],
+            Select(c, a, b) => vec![*c, *a, *b],
+        }
+    }
+
+    /// The operation's name as written in the text.
+    pub fn op_name(&self) -> &'static str {
+        use ExprKind::*;
+        match self {
+            Input => "input",
+            Param => "param",
+            Constant(_) => "constant",
+            Fill(_) => "fill",
+            Iota(_) => "iota",
+            Tuple(_) => "tuple",
+            Get(..) => "get",
+            Partition(..) => "partition",
+            Replicate(..) => "replicate",
+            Combination(..) => "combination",
+            Collection(..) => "collection",
+            Unary(op, _) => op.name(),
+            Binary(op, ..) => op.name(),
+            Select(..) => "select",
+            Cast(..) => "cast",
+            MatMul { .. } => "matmul",
+            TileMatMul { .. } => "tile_matmul",
+            Reduce { .. } => "reduce",
+            Transpose(..) => "transpose",
+            Reshape(..) => "reshape",
+            Broadcast(..) => "broadcast",
+        }
+    }
+
+    /// True for the leaves whose type comes from their annotation.
+    pub fn needs_annotation(&self) -> bool {
+        matches!(
+            self,
+            ExprKind::Input | ExprKind::Constant(_) | ExprKind::Fill(_) | ExprKind::Iota(_)
+        )
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Node {
+    pub kind: ExprKind,
+    /// The SSA name a statement gave it; nested sub-expressions have none.
+    pub name: Option<String>,
+    /// The type written in the source (`name: TYPE = …`), checked by `verify`.
+    pub annot: Option<Type>,
+    /// Source location of the expression (the whole statement's right-hand side).
+    pub span: Span,
+    /// The type inferred by `verify`.
+    pub ty: Option<Type>,
+}
+
+/// A body: a node arena, its parameters in order and its results.
+#[derive(Clone, Debug, Default)]
+pub struct Body {
+    pub nodes: Vec<Node>,
+    pub params: Vec<NodeId>,
+    pub results: Vec<NodeId>,
+    pub results_span: Span,
+}
+
+impl Body {
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.nodes[id.index()]
+    }
+
+    pub fn node_mut(&mut self, id: NodeId) -> &mut Node {
+        &mut self.nodes[id.index()]
+    }
+
+    pub fn push(&mut self, node: Node) -> NodeId {
+        self.nodes.push(node);
+        NodeId((self.nodes.len() - 1) as u32)
+    }
+
+    pub fn ids(&self) -> impl Iterator<Item = NodeId> {
+        (0..self.nodes.len() as u32).map(NodeId)
+    }
+
+    pub fn ty(&self, id: NodeId) -> Option<&Type> {
+        self.nodes[id.index()].ty.as_ref()
+    }
+
+    /// How many times each node is used as an operand or result.
+    pub fn use_counts(&self) -> Vec<usize> {
+        let mut uses = vec![0; self.nodes.len()];
+        for n in &self.nodes {
+            for o in n.kind.operands() {
+                uses[o.index()] += 1;
+            }
+        }
+        for r in &self.results {
+            uses[r.index()] += 1;
+        }
+        uses
+    }
+}
+
+/// A `where` binding: a dimension size (`K = 4096`) or a parallel-axis extent (`p = 4`).
+#[derive(Clone, Debug)]
+pub struct Binding {
+    pub name: String,
+    pub value: u64,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug)]
+pub struct Function {
+    pub name: String,
+    pub name_span: Span,
+    pub bindings: Vec<Binding>,
+    pub body: Body,
+    /// A one-line comment printed above the function (candidate summaries).
+    pub comment: Option<String>,
+}
+
+impl Function {
+    pub fn binding(&self, name: &str) -> Option<u64> {
+        self.bindings.iter().find(|b| b.name == name).map(|b| b.value)
+    }
+}
+
+/// `reducer @name(state = <a, b>, item = <x, y>) init = <0.0, -inf> { … }`: a left fold
+/// `state' = body(state, item)` starting from `init`.
+#[derive(Clone, Debug)]
+pub struct ReducerDef {
+    pub name: String,
+    pub name_span: Span,
+    pub state: Vec<String>,
+    pub item: Vec<String>,
+    pub init: Vec<f64>,
+    /// Params are the state fields followed by the item fields.
+    pub body: Body,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Module {
+    pub reducers: Vec<ReducerDef>,
+    pub funcs: Vec<Function>,
+}
+
+impl Module {
+    pub fn reducer(&self, name: &str) -> Option<&ReducerDef> {
+        self.reducers.iter().find(|r| r.name == name)
+    }
+}

@@ -1,0 +1,332 @@
+//! The canonical printer. Its output parses back to the same IR, and printing that again gives
+//! the same text (print ∘ parse ∘ print = print).
+//!
+//! Canonical choices: operation aliases print under their full name (`mul` → `multiply`), the
+//! four arithmetic operators print infix with minimal parentheses, `neg` prints as a call,
+//! unnamed single-use sub-expressions print nested, and anything else unnamed gets a fresh name
+//! from the [`Namer`].
+
+use super::module::*;
+use super::types::*;
+use std::collections::HashSet;
+use std::fmt::Write;
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PrintOptions {
+    /// Print the inferred type of every statement, not only the written annotations.
+    pub types: bool,
+}
+
+/// Generates identifiers that collide with nothing already in use.
+#[derive(Default)]
+pub struct Namer {
+    used: HashSet<String>,
+}
+
+impl Namer {
+    pub fn reserve(&mut self, name: &str) {
+        self.used.insert(name.to_string());
+    }
+
+    pub fn fresh(&mut self, base: &str) -> String {
+        if self.used.insert(base.to_string()) {
+            return base.to_string();
+        }
+        for i in 1.. {
+            let candidate = format!("{base}_{i}");
+            if self.used.insert(candidate.clone()) {
+                return candidate;
+            }
+        }
+        unreachable!("the integers are unbounded")
+    }
+}
+
+pub fn format_number(v: f64) -> String {
+    if v.is_nan() {
+        "nan".into()
+    } else if v == f64::INFINITY {
+        "inf".into()
+    } else if v == f64::NEG_INFINITY {
+        "-inf".into()
+    } else {
+        format!("{v:?}")
+    }
+}
+
+/// Depth beyond which the printer names a sub-expression instead of nesting it further.
+const MAX_INLINE_DEPTH: usize = 48;
+
+struct BodyPrinter<'a> {
+    body: &'a Body,
+    names: Vec<Option<String>>,
+    opts: PrintOptions,
+}
+
+fn is_inline_literal(n: &Node) -> bool {
+    matches!(n.kind, ExprKind::Constant(_))
+        && n.name.is_none()
+        && matches!(&n.annot, Some(Type::Tensor(t)) if t.shape.is_empty() && t.dtype == DType::F32 && t.par.is_empty())
+}
+
+impl<'a> BodyPrinter<'a> {
+    fn new(body: &'a Body, opts: PrintOptions) -> BodyPrinter<'a> {
+        let uses = body.use_counts();
+        let mut namer = Namer::default();
+        for n in &body.nodes {
+            if let Some(name) = &n.name {
+                namer.reserve(name);
+            }
+        }
+        // Nesting depth if every unnamed node were inlined, to cap it.
+        let mut depth = vec![0usize; body.nodes.len()];
+        let mut names: Vec<Option<String>> = body.nodes.iter().map(|n| n.name.clone()).collect();
+        for id in body.ids() {
+            let n = body.node(id);
+            if names[id.index()].is_some() {
+                continue;
+            }
+            let d = 1 + n
+                .kind
+                .operands()
+                .iter()
+                .filter(|o| names[o.index()].is_none())
+                .map(|o| depth[o.index()])
+                .max()
+                .unwrap_or(0);
+            depth[id.index()] = d;
+            let must_name = !is_inline_literal(n)
+                && (uses[id.index()] != 1 || d > MAX_INLINE_DEPTH || n.kind.needs_annotation() || n.kind == ExprKind::Param);
+            if must_name {
+                names[id.index()] = Some(namer.fresh("v"));
+                depth[id.index()] = 0;
+            }
+        }
+        BodyPrinter { body, names, opts }
+    }
+
+    fn operand(&self, id: NodeId, out: &mut String, prec: u8) {
+        match &self.names[id.index()] {
+            Some(n) => out.push_str(n),
+            None => self.expr(id, out, prec),
+        }
+    }
+
+    /// An operand in a position that only takes an atom (`reduce X …`).
+    fn atom(&self, id: NodeId, out: &mut String) {
+        match &self.names[id.index()] {
+            Some(n) => out.push_str(n),
+            None => {
+                out.push('(');
+                self.expr(id, out, 0);
+                out.push(')');
+            }
+        }
+    }
+
+    fn args(&self, ids: &[NodeId], out: &mut String) {
+        out.push('(');
+        for (i, id) in ids.iter().enumerate() {
+            if i > 0 {
+                out.push_str(", ");
+            }
+            self.operand(*id, out, 0);
+        }
+        out.push(')');
+    }
+
+    /// Prints a node's expression. `prec` is the binding strength the context requires:
+    /// 0 anywhere, 1 as an operand of `+`/`-`, 2 of `*`/`/`, 3 as the right operand of `*`/`/`.
+    fn expr(&self, id: NodeId, out: &mut String, prec: u8) {
+        let n = self.body.node(id);
+        match &n.kind {
+            ExprKind::Input => out.push_str("input"),
+            ExprKind::Param => out.push_str("param"),
+            ExprKind::Constant(v) => {
+                if is_inline_literal(n) {
+                    let text = format_number(*v);
+                    // A negative literal is a unary minus: fine everywhere an operand can go.
+                    out.push_str(&text);
+                } else {
+                    write!(out, "constant {}", format_number(*v)).ok();
+                }
+            }
+            ExprKind::Fill(v) => {
+                write!(out, "fill[{}]", format_number(*v)).ok();
+            }
+            ExprKind::Iota(d) => {
+                write!(out, "iota[{d}]").ok();
+            }
+            ExprKind::Binary(op, a, b) if op.infix().is_some() => {
+                let (sym, p) = op.infix().unwrap_or(("+", 1));
+                let paren = p < prec;
+                if paren {
+                    out.push('(');
+                }
+                self.operand(*a, out, p);
+                write!(out, " {sym} ").ok();
+                self.operand(*b, out, p + 1);
+                if paren {
+                    out.push(')');
+                }
+            }
+            ExprKind::Binary(op, a, b) => {
+                out.push_str(op.name());
+                self.args(&[*a, *b], out);
+            }
+            ExprKind::Unary(op, x) => {
+                out.push_str(op.name());
+                self.args(&[*x], out);
+            }
+            ExprKind::Select(c, a, b) => {
+                out.push_str("select");
+                self.args(&[*c, *a, *b], out);
+            }
+            ExprKind::Tuple(xs) => {
+                out.push_str("tuple");
+                self.args(xs, out);
+            }
+            ExprKind::Get(f, x) => {
+                match f {
+                    FieldRef::Index(i) => write!(out, "get[{i}]").ok(),
+                    FieldRef::Name(s) => write!(out, "get[{s}]").ok(),
+                };
+                self.args(&[*x], out);
+            }
+            ExprKind::Partition(d, a, x) => {
+                write!(out, "partition[{d},{a}]").ok();
+                self.args(&[*x], out);
+            }
+            ExprKind::Combination(d, a, x) => {
+                write!(out, "combination[{d},{a}]").ok();
+                self.args(&[*x], out);
+            }
+            ExprKind::Replicate(a, x) => {
+                write!(out, "replicate[{a}]").ok();
+                self.args(&[*x], out);
+            }
+            ExprKind::Collection(a, x) => {
+                write!(out, "collection[{a}]").ok();
+                self.args(&[*x], out);
+            }
+            ExprKind::Cast(t, x) => {
+                out.push_str("cast");
+                self.args(&[*x], out);
+                write!(out, " to={t}").ok();
+            }
+            ExprKind::MatMul { a, b, acc } | ExprKind::TileMatMul { a, b, acc } => {
+                out.push_str(n.kind.op_name());
+                self.args(&[*a, *b], out);
+                if let Some(t) = acc {
+                    write!(out, " acc={t}").ok();
+                }
+            }
+            ExprKind::Reduce {
+                input,
+                over,
+                reducer,
+                keep_dims,
+            } => {
+                out.push_str("reduce ");
+                self.atom(*input, out);
+                match over {
+                    ReduceOver::Axis(d) => write!(out, " axis={d}").ok(),
+                    ReduceOver::Parallel(p) => write!(out, " parallel={p}").ok(),
+                };
+                write!(out, " reducer={reducer}").ok();
+                if *keep_dims {
+                    out.push_str(" keep_dims");
+                }
+            }
+            ExprKind::Transpose(perm, x) => {
+                let p: Vec<String> = perm.iter().map(|i| i.to_string()).collect();
+                write!(out, "transpose[{}]", p.join(",")).ok();
+                self.args(&[*x], out);
+            }
+            ExprKind::Reshape(s, x) => {
+                write!(out, "reshape[{}]", shape_to_string(s)).ok();
+                self.args(&[*x], out);
+            }
+            ExprKind::Broadcast(s, x) => {
+                write!(out, "broadcast[{}]", shape_to_string(s)).ok();
+                self.args(&[*x], out);
+            }
+        }
+    }
+
+    fn statements(&self, out: &mut String, indent: &str) {
+        for id in self.body.ids() {
+            let n = self.body.node(id);
+            let Some(name) = &self.names[id.index()] else { continue };
+            if n.kind == ExprKind::Param {
+                continue;
+            }
+            let ty = if n.kind.needs_annotation() || !self.opts.types {
+                n.annot.as_ref().or(n.ty.as_ref().filter(|_| self.opts.types))
+            } else {
+                n.ty.as_ref().or(n.annot.as_ref())
+            };
+            write!(out, "{indent}{name}").ok();
+            if let Some(t) = ty {
+                write!(out, ": {t}").ok();
+            }
+            out.push_str(" = ");
+            self.expr(id, out, 0);
+            out.push('\n');
+        }
+        write!(out, "{indent}return ").ok();
+        for (i, r) in self.body.results.iter().enumerate() {
+            if i > 0 {
+                out.push_str(", ");
+            }
+            self.operand(*r, out, 0);
+        }
+        out.push('\n');
+    }
+}
+
+pub fn print_function(f: &Function, opts: PrintOptions) -> String {
+    let mut out = String::new();
+    if let Some(c) = &f.comment {
+        for line in c.lines() {
+            writeln!(out, "// {line}").ok();
+        }
+    }
+    write!(out, "func {}", f.name).ok();
+    if !f.bindings.is_empty() {
+        let b: Vec<String> = f.bindings.iter().map(|b| format!("{} = {}", b.name, b.value)).collect();
+        write!(out, " where {}", b.join(", ")).ok();
+    }
+    out.push_str(" {\n");
+    BodyPrinter::new(&f.body, opts).statements(&mut out, "  ");
+    out.push_str("}\n");
+    out
+}
+
+pub fn print_reducer(r: &ReducerDef, opts: PrintOptions) -> String {
+    let mut out = String::new();
+    let init: Vec<String> = r.init.iter().map(|v| format_number(*v)).collect();
+    writeln!(
+        out,
+        "reducer @{}(state = <{}>, item = <{}>) init = <{}> {{",
+        r.name,
+        r.state.join(", "),
+        r.item.join(", "),
+        init.join(", ")
+    )
+    .ok();
+    BodyPrinter::new(&r.body, opts).statements(&mut out, "  ");
+    out.push_str("}\n");
+    out
+}
+
+pub fn print_module(m: &Module, opts: PrintOptions) -> String {
+    let mut parts = Vec::new();
+    for r in &m.reducers {
+        parts.push(print_reducer(r, opts));
+    }
+    for f in &m.funcs {
+        parts.push(print_function(f, opts));
+    }
+    parts.join("\n")
+}

@@ -1,0 +1,1 @@
+//! Kernel graphs from tiled programs (the lower issue builds it).

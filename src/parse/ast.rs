@@ -1,0 +1,213 @@
+//! Tokens and the syntax tree the grammar produces. The tree is close to the text; name
+//! resolution, operator arity and attribute checking happen when it is built into the IR
+//! ([`super::build`]), where errors can point at precise spans.
+
+use crate::ir::Dim;
+use logos::Logos;
+
+#[derive(Logos, Clone, Debug, PartialEq)]
+#[logos(skip r"[ \t\r\f]+")]
+#[logos(skip(r"//[^\n]*", allow_greedy = true))]
+pub enum Tok {
+    #[token("\n")]
+    Newline,
+    #[token("func")]
+    KwFunc,
+    #[token("where")]
+    KwWhere,
+    #[token("reducer")]
+    KwReducer,
+    #[token("return")]
+    KwReturn,
+    #[token("input")]
+    KwInput,
+    #[token("constant")]
+    KwConstant,
+    #[token("reduce")]
+    KwReduce,
+    #[token("tensor")]
+    KwTensor,
+    #[regex(r"[a-zA-Z_][a-zA-Z0-9_]*(\.[a-zA-Z0-9_]+)*", |lex| lex.slice().to_string())]
+    Ident(String),
+    #[regex(r"@[a-zA-Z_][a-zA-Z0-9_.]*", |lex| lex.slice()[1..].to_string())]
+    ReducerName(String),
+    #[regex(r"%[0-9]+", |lex| lex.slice()[1..].to_string())]
+    ClassRef(String),
+    #[regex(r"[0-9]+", |lex| lex.slice().to_string())]
+    Int(String),
+    #[regex(r"[0-9]+\.[0-9]*([eE][+-]?[0-9]+)?|[0-9]+[eE][+-]?[0-9]+", |lex| lex.slice().to_string())]
+    Float(String),
+    #[token("(")]
+    LParen,
+    #[token(")")]
+    RParen,
+    #[token("[")]
+    LBracket,
+    #[token("]")]
+    RBracket,
+    #[token("{")]
+    LBrace,
+    #[token("}")]
+    RBrace,
+    #[token("<")]
+    Lt,
+    #[token(">")]
+    Gt,
+    #[token(",")]
+    Comma,
+    #[token(":")]
+    Colon,
+    #[token("=")]
+    Eq,
+    #[token("+")]
+    Plus,
+    #[token("-")]
+    Minus,
+    #[token("*")]
+    Star,
+    #[token("/")]
+    Slash,
+    #[token("|")]
+    Pipe,
+    /// Produced by the lexer wrapper, never by logos directly.
+    Shape(Vec<Dim>),
+}
+
+pub type Loc = (usize, usize);
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum TypeAst {
+    Tensor {
+        shape: Vec<Dim>,
+        dtype: (String, Loc),
+        state: Vec<StateEntryAst>,
+        loc: Loc,
+    },
+    Tuple(Vec<TypeAst>, Loc),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct StateEntryAst {
+    pub kind: String,
+    pub args: Vec<(String, Loc)>,
+    pub loc: Loc,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum BracketArg {
+    Word(String),
+    Int(u64),
+    Number(f64),
+    Shape(Vec<Dim>),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum AttrValue {
+    Word(String),
+    Int(u64),
+    Number(f64),
+    Reducer(String),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Attr {
+    pub key: String,
+    pub value: Option<AttrValue>,
+    pub loc: Loc,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum InfixOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum ExprAst {
+    Name(String),
+    Number(f64),
+    Neg(Box<Expr>),
+    Infix(InfixOp, Box<Expr>, Box<Expr>),
+    Call {
+        op: String,
+        op_loc: Loc,
+        brackets: Option<Vec<(BracketArg, Loc)>>,
+        args: Option<Vec<Expr>>,
+        attrs: Vec<Attr>,
+    },
+    Reduce {
+        input: Box<Expr>,
+        attrs: Vec<Attr>,
+    },
+    Input,
+    Constant(Box<Expr>),
+    /// `<a, b>` — a tuple literal (reducer init values, e-graph dumps).
+    Angle(Vec<Expr>),
+}
+
+/// An expression with its source range and nesting depth (bounded by the grammar).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Expr {
+    pub ast: ExprAst,
+    pub loc: Loc,
+    pub depth: u32,
+}
+
+/// Expressions nested deeper than this are rejected while parsing: the builder and printer
+/// recurse over nesting, and a long chain like `a + a + … + a` must not overflow their stack.
+pub const MAX_EXPR_DEPTH: u32 = 200;
+
+impl Expr {
+    pub fn new(ast: ExprAst, loc: Loc, children: &[&Expr]) -> Expr {
+        let depth = 1 + children.iter().map(|c| c.depth).max().unwrap_or(0);
+        Expr { ast, loc, depth }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Stmt {
+    Let {
+        name: String,
+        name_loc: Loc,
+        annot: Option<TypeAst>,
+        expr: Expr,
+    },
+    Return {
+        values: Vec<Expr>,
+        loc: Loc,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct BindingAst {
+    pub name: String,
+    pub value: u64,
+    pub loc: Loc,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct FuncAst {
+    pub name: String,
+    pub name_loc: Loc,
+    pub bindings: Vec<BindingAst>,
+    pub stmts: Vec<Stmt>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReducerAst {
+    pub name: String,
+    pub name_loc: Loc,
+    /// `(keyword, names)` for the `state = <…>` and `item = <…>` parts, in written order.
+    pub params: Vec<(String, Loc, Vec<(String, Loc)>)>,
+    pub init_key: (String, Loc),
+    pub init: Vec<Expr>,
+    pub stmts: Vec<Stmt>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Item {
+    Func(FuncAst),
+    Reducer(ReducerAst),
+}

@@ -1,0 +1,326 @@
+//! `interpret` runs every function in the reference interpreter and prints its results;
+//! `check` compares every function with a reference program on the same seeded random inputs.
+
+use super::{parse_extents, OptionInfo, OptionKind, Pass, PassContext, PassInfo, PassOptions};
+use crate::diag::{Diagnostic, Severity};
+use crate::interp::{random_inputs, relative_l2, Interpreter, Sizes, Value};
+use crate::ir::{Function, Module, Type};
+use std::time::Instant;
+
+const SIZE_OPTIONS: [OptionInfo; 3] = [
+    OptionInfo {
+        name: "seed",
+        kind: OptionKind::Int,
+        default: "",
+        help: "seed of the random inputs (default: --seed)",
+    },
+    OptionInfo {
+        name: "max-extent",
+        kind: OptionKind::Int,
+        default: "4",
+        help: "default extent of an unbound parallel axis: the largest divisor up to this of the sizes it partitions",
+    },
+    OptionInfo {
+        name: "extents",
+        kind: OptionKind::Extents,
+        default: "",
+        help: "explicit parallel-axis extents, e.g. `p:4,m:2` (overrides `where`)",
+    },
+];
+
+pub fn interpret_info() -> PassInfo {
+    const OPTIONS: &[OptionInfo] = &[
+        SIZE_OPTIONS[0],
+        SIZE_OPTIONS[1],
+        SIZE_OPTIONS[2],
+        OptionInfo {
+            name: "print",
+            kind: OptionKind::Choice(&["summary", "values"]),
+            default: "summary",
+            help: "print a summary (shape, min, max, mean, L2) or every value (up to 256 per result)",
+        },
+        OptionInfo {
+            name: "scale",
+            kind: OptionKind::Float,
+            default: "1.0",
+            help: "standard deviation of the random float inputs",
+        },
+    ];
+    PassInfo {
+        name: "interpret",
+        summary: "Run every function in the reference interpreter on seeded random inputs and print the results",
+        options: OPTIONS,
+        create: |info, opts| Box::new(InterpretPass { settings: Settings::from(info, opts), values: opts.get(info, "print") == "values" }),
+    }
+}
+
+pub fn check_info() -> PassInfo {
+    const OPTIONS: &[OptionInfo] = &[
+        OptionInfo {
+            name: "against",
+            kind: OptionKind::Path,
+            default: "",
+            help: "reference program file (default: the program the pipeline started from)",
+        },
+        OptionInfo {
+            name: "tol",
+            kind: OptionKind::Float,
+            default: "0.01",
+            help: "largest accepted relative L2 error",
+        },
+        OptionInfo {
+            name: "scale",
+            kind: OptionKind::Float,
+            default: "1.0",
+            help: "standard deviation of the random float inputs (large values probe numerical robustness)",
+        },
+        SIZE_OPTIONS[0],
+        SIZE_OPTIONS[1],
+        SIZE_OPTIONS[2],
+    ];
+    PassInfo {
+        name: "check",
+        summary: "Compare every function with a reference program on seeded random inputs (relative L2 error)",
+        options: OPTIONS,
+        create: |info, opts| {
+            Box::new(CheckPass {
+                settings: Settings::from(info, opts),
+                against: Some(opts.get(info, "against").to_string()).filter(|s| !s.is_empty()),
+                tol: opts.get(info, "tol").parse().unwrap_or(0.01),
+            })
+        },
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Settings {
+    seed: Option<u64>,
+    max_extent: u64,
+    extents: Vec<(String, u64)>,
+    scale: f32,
+}
+
+impl Settings {
+    fn from(info: &PassInfo, opts: &PassOptions) -> Settings {
+        Settings {
+            seed: opts.get(info, "seed").parse().ok(),
+            max_extent: opts.get(info, "max-extent").parse().unwrap_or(4).max(1),
+            extents: parse_extents(opts.get(info, "extents")).unwrap_or_default(),
+            scale: opts.get(info, "scale").parse().unwrap_or(1.0),
+        }
+    }
+
+    fn sizes(&self, f: &Function) -> Sizes {
+        let mut f = f.clone();
+        for (name, v) in &self.extents {
+            f.bindings.retain(|b| &b.name != name);
+            f.bindings.push(crate::ir::Binding {
+                name: name.clone(),
+                value: *v,
+                span: f.name_span,
+            });
+        }
+        Sizes::for_function(&f, self.max_extent)
+    }
+}
+
+fn run_function(module: &Module, f: &Function, sizes: Sizes, inputs: &[Value]) -> Result<Vec<Value>, Vec<Diagnostic>> {
+    Interpreter::new(module, sizes).run(f, inputs).map_err(|e| vec![e.into_diagnostic()])
+}
+
+fn fmt_f32(v: f32) -> String {
+    format!("{v}")
+}
+
+struct InterpretPass {
+    settings: Settings,
+    values: bool,
+}
+
+impl Pass for InterpretPass {
+    fn name(&self) -> &'static str {
+        "interpret"
+    }
+
+    fn run(&mut self, module: &mut Module, cx: &mut PassContext) -> Result<(), Vec<Diagnostic>> {
+        let seed = self.settings.seed.unwrap_or(cx.seed);
+        let start = Instant::now();
+        for f in &module.funcs {
+            let sizes = self.settings.sizes(f);
+            let inputs = random_inputs(f, &sizes, seed, self.settings.scale).map_err(|e| vec![e.into_diagnostic()])?;
+            let results = run_function(module, f, sizes, &inputs)?;
+            for (i, r) in results.iter().enumerate() {
+                for (j, (dtype, t)) in r.leaves().into_iter().enumerate() {
+                    let field = if matches!(r, Value::Tuple(_)) { format!(".{j}") } else { String::new() };
+                    let head = format!("// interpret @{} result {i}{field}: {dtype} {:?}", f.name, t.shape);
+                    if self.values {
+                        let shown: Vec<String> = t.data.iter().take(256).map(|v| fmt_f32(*v)).collect();
+                        let more = if t.data.len() > 256 { ", …" } else { "" };
+                        cx.report.push(format!("{head} = [{}{more}]", shown.join(", ")));
+                    } else {
+                        let n = t.data.len().max(1) as f64;
+                        let min = t.data.iter().copied().fold(f32::INFINITY, f32::min);
+                        let max = t.data.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                        let mean = t.data.iter().map(|v| *v as f64).sum::<f64>() / n;
+                        let l2 = t.data.iter().map(|v| (*v as f64).powi(2)).sum::<f64>().sqrt();
+                        cx.report.push(format!("{head} min={min:.6e} max={max:.6e} mean={mean:.6e} l2={l2:.6e}"));
+                    }
+                }
+            }
+        }
+        cx.counters.insert("functions".into(), module.funcs.len().into());
+        cx.counters.insert("interp_ms".into(), (start.elapsed().as_secs_f64() * 1e3).into());
+        Ok(())
+    }
+}
+
+struct CheckPass {
+    settings: Settings,
+    against: Option<String>,
+    tol: f64,
+}
+
+/// The reference function for `f`: same name, else the same name without a `.suffix`
+/// (candidates `attention.c3` check against `attention`), else the only function.
+fn find_reference<'a>(reference: &'a Module, f: &Function) -> Option<&'a Function> {
+    let base = f.name.split('.').next().unwrap_or(&f.name);
+    reference
+        .funcs
+        .iter()
+        .find(|r| r.name == f.name)
+        .or_else(|| reference.funcs.iter().find(|r| r.name == base))
+        .or_else(|| (reference.funcs.len() == 1).then(|| &reference.funcs[0]))
+}
+
+impl CheckPass {
+    fn load_reference(&self, cx: &mut PassContext) -> Result<Option<Module>, Vec<Diagnostic>> {
+        let Some(path) = &self.against else { return Ok(None) };
+        let full = if std::path::Path::new(path).is_absolute() || std::path::Path::new(path).exists() {
+            std::path::PathBuf::from(path)
+        } else {
+            cx.base_dir.join(path)
+        };
+        let bytes = std::fs::read(&full).map_err(|e| {
+            vec![Diagnostic::global(Severity::Error, format!("check: cannot read reference `{}`: {e}", full.display()))]
+        })?;
+        let text = String::from_utf8(bytes).map_err(|_| {
+            vec![Diagnostic::global(Severity::Error, format!("check: reference `{}` is not valid UTF-8", full.display()))]
+        })?;
+        let id = cx.sources.add(full.display().to_string(), text.clone());
+        let mut m = crate::parse::parse_module(&text, id)?;
+        crate::passes::verify::verify_module(&mut m)?;
+        Ok(Some(m))
+    }
+}
+
+impl Pass for CheckPass {
+    fn name(&self) -> &'static str {
+        "check"
+    }
+
+    fn run(&mut self, module: &mut Module, cx: &mut PassContext) -> Result<(), Vec<Diagnostic>> {
+        let loaded = self.load_reference(cx)?;
+        let reference: &Module = loaded.as_ref().unwrap_or(cx.original);
+        let seed = self.settings.seed.unwrap_or(cx.seed);
+        let mut worst = 0.0f64;
+        let mut errors = Vec::new();
+        let mut reports = Vec::new();
+        for f in &module.funcs {
+            let Some(r) = find_reference(reference, f) else {
+                errors.push(
+                    Diagnostic::error(f.name_span, format!("no reference function for `{}`", f.name))
+                        .with_help("the reference needs a function of the same name, or a single function"),
+                );
+                continue;
+            };
+            match self.compare(module, f, reference, r, seed) {
+                Ok(errs) => {
+                    let line: Vec<String> = errs.iter().enumerate().map(|(i, e)| format!("result {i}: {e:.3e}")).collect();
+                    let max = errs.iter().copied().fold(0.0, f64::max);
+                    worst = worst.max(max);
+                    let verdict = if max <= self.tol { "ok" } else { "FAILED" };
+                    reports.push(format!(
+                        "// check @{} against @{}: relative L2 {} (tol {}) {verdict}",
+                        f.name,
+                        r.name,
+                        line.join(", "),
+                        self.tol
+                    ));
+                    if max > self.tol {
+                        let which = errs.iter().position(|e| *e == max).unwrap_or(0);
+                        errors.push(
+                            Diagnostic::error(
+                                f.name_span,
+                                format!(
+                                    "`{}` differs from reference `{}`: result {which} has relative L2 error {max:.3e} > tol {}",
+                                    f.name, r.name, self.tol
+                                ),
+                            )
+                            .with_note(Some(r.name_span), "reference function")
+                            .with_help("inspect both with --passes=interpret{print=values} at small sizes"),
+                        );
+                    }
+                }
+                Err(mut d) => errors.append(&mut d),
+            }
+        }
+        cx.report.extend(reports);
+        cx.counters.insert("functions_checked".into(), module.funcs.len().into());
+        cx.counters.insert("max_relative_l2".into(), worst.into());
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors)
+        }
+    }
+}
+
+impl CheckPass {
+    fn compare(&self, module: &Module, f: &Function, reference: &Module, r: &Function, seed: u64) -> Result<Vec<f64>, Vec<Diagnostic>> {
+        if f.body.params.len() != r.body.params.len() {
+            return Err(vec![Diagnostic::error(
+                f.name_span,
+                format!("`{}` takes {} inputs but reference `{}` takes {}", f.name, f.body.params.len(), r.name, r.body.params.len()),
+            )
+            .with_note(Some(r.name_span), "reference function")]);
+        }
+        for (i, (a, b)) in f.body.params.iter().zip(&r.body.params).enumerate() {
+            let (ta, tb) = (&f.body.node(*a).annot, &r.body.node(*b).annot);
+            if ta != tb {
+                let show = |t: &Option<Type>| t.as_ref().map(|t| t.to_string()).unwrap_or_default();
+                return Err(vec![Diagnostic::error(
+                    f.body.node(*a).span,
+                    format!("input {i} has type {} but the reference's has {}", show(ta), show(tb)),
+                )
+                .with_note(Some(r.body.node(*b).span), "reference input")]);
+            }
+        }
+        // The checked function's sizes are authoritative (they carry --set overrides).
+        let fsizes = self.settings.sizes(f);
+        let mut rsizes = self.settings.sizes(r);
+        for b in &f.bindings {
+            if crate::ir::is_dim_symbol(&b.name) {
+                rsizes.0.insert(b.name.clone(), b.value);
+            }
+        }
+        let inputs = random_inputs(r, &rsizes, seed, self.settings.scale).map_err(|e| vec![e.into_diagnostic()])?;
+        let want = run_function(reference, r, rsizes, &inputs)?;
+        let got = run_function(module, f, fsizes, &inputs)?;
+        if want.len() != got.len() {
+            return Err(vec![Diagnostic::error(
+                f.name_span,
+                format!("`{}` returns {} results but the reference returns {}", f.name, got.len(), want.len()),
+            )]);
+        }
+        let mut errs = Vec::new();
+        for (g, w) in got.iter().zip(&want) {
+            let (gl, wl) = (g.leaves(), w.leaves());
+            if gl.len() != wl.len() {
+                return Err(vec![Diagnostic::error(f.name_span, "result structure differs from the reference")]);
+            }
+            let e = gl.iter().zip(&wl).map(|((_, a), (_, b))| relative_l2(a, b)).fold(0.0, f64::max);
+            errs.push(e);
+        }
+        Ok(errs)
+    }
+}

@@ -1,0 +1,151 @@
+//! Named passes over a module, MLIR-style: each pass has a name, a one-line summary and typed
+//! options (`check{against=m0.ef tol=0.01}`), and reports counters for `--stats=json`.
+
+pub mod check;
+pub mod typing;
+pub mod verify;
+
+use crate::diag::{Diagnostic, SourceMap};
+use crate::ir::Module;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// Everything a pass may use besides the module it transforms.
+pub struct PassContext<'a> {
+    pub sources: &'a mut SourceMap,
+    /// The verified module the pipeline started from (what `check` compares against).
+    pub original: &'a Module,
+    /// Seed for random inputs (`--seed`).
+    pub seed: u64,
+    /// Directory of the input file, for resolving relative paths in options.
+    pub base_dir: PathBuf,
+    /// Report lines for standard output; each must be a `//` comment so output stays parseable.
+    pub report: Vec<String>,
+    /// Warnings and remarks (errors are returned instead).
+    pub diagnostics: Vec<Diagnostic>,
+    /// Counters for `--stats=json`.
+    pub counters: BTreeMap<String, serde_json::Value>,
+}
+
+pub trait Pass {
+    fn name(&self) -> &'static str;
+    /// Runs the pass; an error return carries at least one error diagnostic.
+    fn run(&mut self, module: &mut Module, cx: &mut PassContext) -> Result<(), Vec<Diagnostic>>;
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum OptionKind {
+    Float,
+    Int,
+    Path,
+    Bool,
+    /// Comma-separated `name:value` pairs.
+    Extents,
+    Choice(&'static [&'static str]),
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct OptionInfo {
+    pub name: &'static str,
+    pub kind: OptionKind,
+    pub default: &'static str,
+    pub help: &'static str,
+}
+
+/// Parsed, type-checked pass options (raw strings; accessors convert).
+#[derive(Clone, Debug, Default)]
+pub struct PassOptions(pub BTreeMap<String, String>);
+
+impl PassOptions {
+    pub fn get<'a>(&'a self, info: &'a PassInfo, name: &str) -> &'a str {
+        self.0
+            .get(name)
+            .map(|s| s.as_str())
+            .or_else(|| info.options.iter().find(|o| o.name == name).map(|o| o.default))
+            .unwrap_or("")
+    }
+}
+
+pub struct PassInfo {
+    pub name: &'static str,
+    pub summary: &'static str,
+    pub options: &'static [OptionInfo],
+    pub create: fn(&PassInfo, &PassOptions) -> Box<dyn Pass>,
+}
+
+/// Validates one option value against its declared kind.
+pub fn check_option(kind: OptionKind, value: &str) -> Result<(), String> {
+    match kind {
+        OptionKind::Float => value
+            .parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite() && *v >= 0.0)
+            .map(|_| ())
+            .ok_or_else(|| format!("expected a non-negative number, found `{value}`")),
+        OptionKind::Int => value.parse::<u64>().map(|_| ()).map_err(|_| format!("expected an integer, found `{value}`")),
+        OptionKind::Path => {
+            if value.is_empty() {
+                Err("expected a file path".into())
+            } else {
+                Ok(())
+            }
+        }
+        OptionKind::Bool => match value {
+            "true" | "false" => Ok(()),
+            _ => Err(format!("expected `true` or `false`, found `{value}`")),
+        },
+        OptionKind::Extents => parse_extents(value).map(|_| ()),
+        OptionKind::Choice(choices) => {
+            if choices.contains(&value) {
+                Ok(())
+            } else {
+                Err(format!("expected one of {}, found `{value}`", choices.join(", ")))
+            }
+        }
+    }
+}
+
+/// `p:4,m:2` → [("p", 4), ("m", 2)].
+pub fn parse_extents(value: &str) -> Result<Vec<(String, u64)>, String> {
+    value
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(|pair| {
+            let (a, e) = pair.split_once(':').ok_or_else(|| format!("expected `axis:extent`, found `{pair}`"))?;
+            let e: u64 = e.parse().map_err(|_| format!("extent `{e}` is not an integer"))?;
+            if e == 0 || !crate::ir::is_axis_name(a) && !crate::ir::is_dim_symbol(a) {
+                return Err(format!("bad size binding `{pair}`"));
+            }
+            Ok((a.to_string(), e))
+        })
+        .collect()
+}
+
+pub fn registry() -> Vec<PassInfo> {
+    vec![
+        PassInfo {
+            name: "verify",
+            summary: "Infer and check types, shapes, dtypes and parallel state",
+            options: &[],
+            create: |_, _| Box::new(VerifyPass),
+        },
+        check::interpret_info(),
+        check::check_info(),
+    ]
+}
+
+struct VerifyPass;
+
+impl Pass for VerifyPass {
+    fn name(&self) -> &'static str {
+        "verify"
+    }
+
+    fn run(&mut self, module: &mut Module, cx: &mut PassContext) -> Result<(), Vec<Diagnostic>> {
+        verify::verify_module(module)?;
+        let nodes: usize = module.funcs.iter().map(|f| f.body.nodes.len()).sum();
+        cx.counters.insert("functions".into(), module.funcs.len().into());
+        cx.counters.insert("nodes".into(), nodes.into());
+        Ok(())
+    }
+}

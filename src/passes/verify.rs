@@ -1,0 +1,83 @@
+//! The `verify` pass: infers and checks every node's type (see [`super::typing`]) and the
+//! module-level rules, reporting each violation as its own diagnostic at the offending
+//! expression. On success every node's `ty` is filled in.
+
+use super::typing::{annotation_mismatch, infer, resolve_field_name, TypeEnv};
+use crate::diag::Diagnostic;
+use crate::ir::*;
+
+/// Proof that a module verified: later stages that need well-typed input take one.
+#[derive(Clone, Copy, Debug)]
+pub struct Verified(());
+
+pub fn verify_module(m: &mut Module) -> Result<Verified, Vec<Diagnostic>> {
+    let mut diags = Vec::new();
+    let reducers = m.reducers.clone();
+    let env = TypeEnv::new(&reducers);
+    for f in &mut m.funcs {
+        verify_function(f, &env, &mut diags);
+    }
+    // One diagnostic per distinct problem: a reducer body error reached from two uses is one.
+    let mut seen = std::collections::HashSet::new();
+    diags.retain(|d: &Diagnostic| seen.insert((d.span, d.message.clone())));
+    if diags.is_empty() {
+        Ok(Verified(()))
+    } else {
+        Err(diags)
+    }
+}
+
+fn verify_function(f: &mut Function, env: &TypeEnv, diags: &mut Vec<Diagnostic>) {
+    let body = &mut f.body;
+    for n in &mut body.nodes {
+        n.ty = None;
+    }
+    let mut failed = vec![false; body.nodes.len()];
+    for id in body.ids() {
+        let ops = body.node(id).kind.operands();
+        if ops.iter().any(|o| failed[o.index()]) {
+            failed[id.index()] = true; // already reported at the operand
+            continue;
+        }
+        let n = body.node(id);
+        let op_types: Vec<&Type> = ops.iter().filter_map(|o| body.ty(*o)).collect();
+        let result = resolve_field_name(body, &n.kind, env).and_then(|resolved| {
+            let t = infer(resolved.as_ref().unwrap_or(&n.kind), &op_types, n.annot.as_ref(), env)?;
+            match &n.annot {
+                Some(a) if !n.kind.needs_annotation() && a != &t => Err(annotation_mismatch(a, &t)),
+                _ => Ok(t),
+            }
+        });
+        match result {
+            Ok(t) => body.node_mut(id).ty = Some(t),
+            Err(e) => {
+                let at = n.span;
+                let mut d = e.into_diagnostic(at);
+                if d.span != Some(at) {
+                    d = d.with_note(Some(at), "reducer used here");
+                }
+                diags.push(d);
+                failed[id.index()] = true;
+            }
+        }
+    }
+    for r in &body.results {
+        if let Some(t) = body.ty(*r) {
+            if has_parallel_state(t) {
+                let n = body.node(*r);
+                diags.push(
+                    Diagnostic::error(n.span, format!("function result has parallel state: {t}"))
+                        .with_help("results live in global memory: join tiles with combination[…] or fold them with reduce … parallel=")
+                        .with_note(Some(body.results_span), "returned here"),
+                );
+            }
+        }
+    }
+}
+
+pub fn has_parallel_state(t: &Type) -> bool {
+    match t {
+        Type::Tensor(t) => !t.par.is_empty(),
+        Type::Tuple(fs) => fs.iter().any(has_parallel_state),
+    }
+}
