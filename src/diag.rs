@@ -217,7 +217,8 @@ impl SourceMap {
         for n in &diag.notes {
             match n.span.filter(|s| self.get(s.source).is_some()) {
                 Some(s) => {
-                    report = report.with_label(Label::new((name(&s), range(&s))).with_message(&n.message))
+                    report = report
+                        .with_label(Label::new((name(&s), range(&s))).with_message(&n.message))
                 }
                 None => report = report.with_note(&n.message),
             }

@@ -36,7 +36,9 @@ fn parse_expectations(text: &str, source: u32) -> (Vec<Expectation>, Vec<Diagnos
             };
             let span = Span::new(source, offset + at, offset + line.trim_end().len());
             let (target, rest) = if let Some(r) = rest.strip_prefix('@') {
-                let end = r.find(|c: char| c.is_whitespace() || c == '{').unwrap_or(r.len());
+                let end = r
+                    .find(|c: char| c.is_whitespace() || c == '{')
+                    .unwrap_or(r.len());
                 let spec = &r[..end];
                 let target = if let Some(n) = spec.strip_prefix('+') {
                     n.parse::<usize>().ok().map(|n| line_no + n)
@@ -48,7 +50,10 @@ fn parse_expectations(text: &str, source: u32) -> (Vec<Expectation>, Vec<Diagnos
                 match target {
                     Some(t) => (t, &r[end..]),
                     None => {
-                        errors.push(Diagnostic::error(span, format!("bad line offset `@{spec}` in expectation")));
+                        errors.push(Diagnostic::error(
+                            span,
+                            format!("bad line offset `@{spec}` in expectation"),
+                        ));
                         continue;
                     }
                 }
@@ -57,11 +62,17 @@ fn parse_expectations(text: &str, source: u32) -> (Vec<Expectation>, Vec<Diagnos
             };
             let rest = rest.trim_start();
             let Some(body) = rest.strip_prefix("{{") else {
-                errors.push(Diagnostic::error(span, "expectation without a `{{message}}`"));
+                errors.push(Diagnostic::error(
+                    span,
+                    "expectation without a `{{message}}`",
+                ));
                 continue;
             };
             let Some(end) = body.find("}}") else {
-                errors.push(Diagnostic::error(span, "expectation `{{` is not closed by `}}`"));
+                errors.push(Diagnostic::error(
+                    span,
+                    "expectation `{{` is not closed by `}}`",
+                ));
                 continue;
             };
             out.push(Expectation {
@@ -79,36 +90,67 @@ fn parse_expectations(text: &str, source: u32) -> (Vec<Expectation>, Vec<Diagnos
 
 /// Returns the problems found: expected diagnostics that did not occur and diagnostics that
 /// were not expected. Empty means the check passed.
-pub fn verify_diagnostics(text: &str, source: u32, produced: &[Diagnostic], sources: &SourceMap) -> Vec<Diagnostic> {
+pub fn verify_diagnostics(
+    text: &str,
+    source: u32,
+    produced: &[Diagnostic],
+    sources: &SourceMap,
+) -> Vec<Diagnostic> {
     let (mut expected, mut problems) = parse_expectations(text, source);
     // Every produced diagnostic and every located note, with its severity and line.
     let mut actual: Vec<(Severity, Option<usize>, String, Option<Span>)> = Vec::new();
     for d in produced {
-        let line = d.span.filter(|s| s.source == source).map(|s| sources.line_col(s.source, s.start).0);
+        let line = d
+            .span
+            .filter(|s| s.source == source)
+            .map(|s| sources.line_col(s.source, s.start).0);
         actual.push((d.severity, line, d.message.clone(), d.span));
         for n in &d.notes {
             if let Some(s) = n.span.filter(|s| s.source == source) {
-                actual.push((Severity::Note, Some(sources.line_col(s.source, s.start).0), n.message.clone(), Some(s)));
+                actual.push((
+                    Severity::Note,
+                    Some(sources.line_col(s.source, s.start).0),
+                    n.message.clone(),
+                    Some(s),
+                ));
             }
         }
     }
     for (severity, line, message, span) in actual {
-        let hit = expected.iter_mut().find(|e| !e.matched && e.severity == severity && Some(e.line) == line && message.contains(&e.text));
+        let hit = expected.iter_mut().find(|e| {
+            !e.matched
+                && e.severity == severity
+                && Some(e.line) == line
+                && message.contains(&e.text)
+        });
         match hit {
             Some(e) => e.matched = true,
             // Notes are only checked when some note is expected on their line.
             None if severity == Severity::Note => {}
             None => {
-                let mut d = Diagnostic::error(span.unwrap_or(Span::new(source, 0, 0)), format!("unexpected {}: {message}", severity.name()));
+                let mut d = Diagnostic::error(
+                    span.unwrap_or(Span::new(source, 0, 0)),
+                    format!("unexpected {}: {message}", severity.name()),
+                );
                 if span.is_none() {
                     d.span = None;
                 }
-                problems.push(d.with_help("add a matching `// expected-…` annotation or fix the input"));
+                problems.push(
+                    d.with_help("add a matching `// expected-…` annotation or fix the input"),
+                );
             }
         }
     }
     for e in expected.iter().filter(|e| !e.matched) {
-        problems.push(Diagnostic::error(e.span, format!("expected {} \"{}\" on line {} was not produced", e.severity.name(), e.text, e.line)));
+        problems.push(Diagnostic::error(
+            e.span,
+            format!(
+                "expected {} \"{}\" on line {} was not produced",
+                e.severity.name(),
+                e.text,
+                e.line
+            ),
+        ));
     }
     problems
 }

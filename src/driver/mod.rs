@@ -94,7 +94,9 @@ pub fn parse_args(args: &[String]) -> Result<Options, String> {
                 return Ok(v.clone());
             }
             i += 1;
-            args.get(i).cloned().ok_or_else(|| format!("option {name} needs a value"))
+            args.get(i)
+                .cloned()
+                .ok_or_else(|| format!("option {name} needs a value"))
         };
         match key.as_str() {
             "-h" | "--help" => return Err(String::new()),
@@ -113,8 +115,12 @@ pub fn parse_args(args: &[String]) -> Result<Options, String> {
             "--verify-diagnostics" => o.verify_diagnostics = true,
             "--set" => {
                 let v = value("--set")?;
-                let (name, n) = v.split_once('=').ok_or_else(|| format!("--set takes NAME=VALUE, got `{v}`"))?;
-                let n: u64 = n.parse().map_err(|_| format!("--set {name}: `{n}` is not a non-negative integer"))?;
+                let (name, n) = v
+                    .split_once('=')
+                    .ok_or_else(|| format!("--set takes NAME=VALUE, got `{v}`"))?;
+                let n: u64 = n
+                    .parse()
+                    .map_err(|_| format!("--set {name}: `{n}` is not a non-negative integer"))?;
                 if !crate::ir::is_dim_symbol(name) && !crate::ir::is_axis_name(name) {
                     return Err(format!("--set: `{name}` is neither a dimension (upper case) nor an axis (lower case)"));
                 }
@@ -122,7 +128,9 @@ pub fn parse_args(args: &[String]) -> Result<Options, String> {
             }
             "--seed" => {
                 let v = value("--seed")?;
-                o.seed = v.parse().map_err(|_| format!("--seed takes an integer, got `{v}`"))?;
+                o.seed = v
+                    .parse()
+                    .map_err(|_| format!("--seed takes an integer, got `{v}`"))?;
             }
             "--print-types" => o.print_types = true,
             "--print-ir-after-all" => o.print_after_all = true,
@@ -138,7 +146,11 @@ pub fn parse_args(args: &[String]) -> Result<Options, String> {
                     "auto" => None,
                     "always" => Some(true),
                     "never" => Some(false),
-                    other => return Err(format!("--color takes auto, always or never, not `{other}`")),
+                    other => {
+                        return Err(format!(
+                            "--color takes auto, always or never, not `{other}`"
+                        ))
+                    }
                 }
             }
             "-" => positional.push(arg.clone()),
@@ -148,7 +160,11 @@ pub fn parse_args(args: &[String]) -> Result<Options, String> {
         i += 1;
     }
     if positional.len() > 1 {
-        return Err(format!("expected one input file, got {}: {}", positional.len(), positional.join(" ")));
+        return Err(format!(
+            "expected one input file, got {}: {}",
+            positional.len(),
+            positional.join(" ")
+        ));
     }
     o.input = positional.pop();
     Ok(o)
@@ -159,7 +175,11 @@ pub fn list_passes() -> String {
     for p in registry() {
         s.push_str(&format!("  {:<12} {}\n", p.name, p.summary));
         for o in p.options {
-            let default = if o.default.is_empty() { String::new() } else { format!(" (default {})", o.default) };
+            let default = if o.default.is_empty() {
+                String::new()
+            } else {
+                format!(" (default {})", o.default)
+            };
             s.push_str(&format!("      {:<12} {}{default}\n", o.name, o.help));
         }
     }
@@ -198,7 +218,9 @@ pub fn run(args: &[String]) -> i32 {
         print!("{}", list_passes());
         return 0;
     }
-    let color = opts.color.unwrap_or_else(|| std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none());
+    let color = opts.color.unwrap_or_else(|| {
+        std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none()
+    });
     let mut sources = SourceMap::default();
 
     // The pipeline string is a source of its own so errors point into it.
@@ -233,9 +255,12 @@ pub fn run(args: &[String]) -> i32 {
             let at = e.utf8_error().valid_up_to();
             let lossy = String::from_utf8_lossy(e.as_bytes()).into_owned();
             let id = sources.add(name.clone(), lossy);
-            let d = Diagnostic::error(crate::diag::Span::new(id, at, at + 1), "input is not valid UTF-8")
-                .with_label(format!("invalid byte at offset {at}"))
-                .with_help("efopt reads UTF-8 text; check the file's encoding");
+            let d = Diagnostic::error(
+                crate::diag::Span::new(id, at, at + 1),
+                "input is not valid UTF-8",
+            )
+            .with_label(format!("invalid byte at offset {at}"))
+            .with_help("efopt reads UTF-8 text; check the file's encoding");
             sources.render(&d, color, &mut std::io::stderr());
             return 1;
         }
@@ -247,7 +272,11 @@ pub fn run(args: &[String]) -> i32 {
         .and_then(|p| std::path::Path::new(p).parent().map(|d| d.to_path_buf()))
         .unwrap_or_else(|| PathBuf::from("."));
 
-    let chunks = if opts.split_input_file { split_chunks(&text) } else { vec![(0, text.len())] };
+    let chunks = if opts.split_input_file {
+        split_chunks(&text)
+    } else {
+        vec![(0, text.len())]
+    };
     let mut outputs = Vec::new();
     let mut exit = 0;
     let mut timing = Timing { rows: Vec::new() };
@@ -256,10 +285,25 @@ pub fn run(args: &[String]) -> i32 {
         // Other chunks are blanked (newlines kept) so spans and line numbers are the file's.
         let masked: String = text
             .char_indices()
-            .map(|(i, c)| if (start..end).contains(&i) || c == '\n' { c } else { ' ' })
+            .map(|(i, c)| {
+                if (start..end).contains(&i) || c == '\n' {
+                    c
+                } else {
+                    ' '
+                }
+            })
             .collect();
         let id = sources.add(name.clone(), masked.clone());
-        let outcome = process_chunk(&masked, id, &opts, &specs, &mut sources, &base_dir, &mut timing, &mut stats);
+        let outcome = process_chunk(
+            &masked,
+            id,
+            &opts,
+            &specs,
+            &mut sources,
+            &base_dir,
+            &mut timing,
+            &mut stats,
+        );
         if opts.verify_diagnostics {
             let problems = expect::verify_diagnostics(&masked, id, &outcome.diagnostics, &sources);
             for d in &problems {
@@ -290,7 +334,8 @@ pub fn run(args: &[String]) -> i32 {
     }
     if opts.timing {
         let total: f64 = timing.rows.iter().map(|r| r.1).sum();
-        let mut s = String::from("// ===- Pass execution timing report -===\n//   wall (ms)   pass\n");
+        let mut s =
+            String::from("// ===- Pass execution timing report -===\n//   wall (ms)   pass\n");
         for (name, ms) in &timing.rows {
             s.push_str(&format!("//   {ms:>9.3}   {name}\n"));
         }
@@ -308,10 +353,13 @@ fn read_input(path: Option<&str>) -> Result<(String, Vec<u8>), String> {
     match path {
         None | Some("-") => {
             let mut buf = Vec::new();
-            std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf).map_err(|e| format!("cannot read standard input: {e}"))?;
+            std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf)
+                .map_err(|e| format!("cannot read standard input: {e}"))?;
             Ok(("<stdin>".into(), buf))
         }
-        Some(p) => std::fs::read(p).map(|b| (p.to_string(), b)).map_err(|e| format!("cannot read `{p}`: {e}")),
+        Some(p) => std::fs::read(p)
+            .map(|b| (p.to_string(), b))
+            .map_err(|e| format!("cannot read `{p}`: {e}")),
     }
 }
 
@@ -350,11 +398,17 @@ fn apply_sets(m: &mut Module, sets: &[(String, u64)]) {
 
 fn function_mentions(f: &crate::ir::Function, name: &str) -> bool {
     let text = crate::ir::print::print_function(f, PrintOptions::default());
-    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).any(|w| w == name)
+    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .any(|w| w == name)
 }
 
 fn dump(title: &str, m: &Module, opts: &Options) {
-    let body = print_module(m, PrintOptions { types: opts.print_types });
+    let body = print_module(
+        m,
+        PrintOptions {
+            types: opts.print_types,
+        },
+    );
     eprint!("// -----// IR Dump {title} //----- //\n{body}\n");
 }
 
@@ -380,13 +434,17 @@ fn process_chunk(
         Ok(m) => m,
         Err(d) => return fail(d),
     };
-    timing.rows.push(("parse".into(), t0.elapsed().as_secs_f64() * 1e3));
+    timing
+        .rows
+        .push(("parse".into(), t0.elapsed().as_secs_f64() * 1e3));
     apply_sets(&mut module, &opts.sets);
     let t0 = Instant::now();
     if let Err(d) = crate::passes::verify::verify_module(&mut module) {
         return fail(d);
     }
-    timing.rows.push(("verify (on load)".into(), t0.elapsed().as_secs_f64() * 1e3));
+    timing
+        .rows
+        .push(("verify (on load)".into(), t0.elapsed().as_secs_f64() * 1e3));
     let original = module.clone();
     let mut pass_stats = Vec::new();
     for spec in specs {
@@ -412,7 +470,8 @@ fn process_chunk(
         timing.rows.push((spec.name.clone(), ms));
         let report = std::mem::take(&mut cx.report);
         diagnostics.append(&mut cx.diagnostics);
-        pass_stats.push(serde_json::json!({ "pass": spec.name, "wall_ms": ms, "counters": cx.counters }));
+        pass_stats
+            .push(serde_json::json!({ "pass": spec.name, "wall_ms": ms, "counters": cx.counters }));
         if !report.is_empty() {
             let mut stdout = std::io::stdout().lock();
             for line in report {
@@ -430,7 +489,10 @@ fn process_chunk(
         }
         if opts.verify_each {
             if let Err(d) = crate::passes::verify::verify_module(&mut module) {
-                diagnostics.push(Diagnostic::global(Severity::Error, format!("pass `{}` produced IR that does not verify", spec.name)));
+                diagnostics.push(Diagnostic::global(
+                    Severity::Error,
+                    format!("pass `{}` produced IR that does not verify", spec.name),
+                ));
                 diagnostics.extend(d);
                 return ChunkOutcome {
                     output: String::new(),
@@ -446,7 +508,12 @@ fn process_chunk(
     stats.push(serde_json::json!({ "passes": pass_stats }));
     let failed = diagnostics.iter().any(|d| d.is_error());
     ChunkOutcome {
-        output: print_module(&module, PrintOptions { types: opts.print_types }),
+        output: print_module(
+            &module,
+            PrintOptions {
+                types: opts.print_types,
+            },
+        ),
         diagnostics,
         failed,
     }

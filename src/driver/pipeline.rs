@@ -24,19 +24,27 @@ pub fn parse_pipeline(text: &str, source: u32) -> Result<Vec<PassSpec>, Vec<Diag
             break;
         }
         let start = i;
-        while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'-' || bytes[i] == b'_') {
+        while i < bytes.len()
+            && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'-' || bytes[i] == b'_')
+        {
             i += 1;
         }
         let name = &text[start..i];
         if name.is_empty() {
-            errors.push(Diagnostic::error(span(i, i + 1), "expected a pass name").with_help("a pipeline is `pass1,pass2{option=value}`"));
+            errors.push(
+                Diagnostic::error(span(i, i + 1), "expected a pass name")
+                    .with_help("a pipeline is `pass1,pass2{option=value}`"),
+            );
             break;
         }
         let mut options = Vec::new();
         if i < bytes.len() && bytes[i] == b'{' {
             let open = i;
             let Some(close) = text[i..].find('}').map(|c| c + i) else {
-                errors.push(Diagnostic::error(span(open, open + 1), "unclosed `{` in pass options").with_help("close the options with `}`"));
+                errors.push(
+                    Diagnostic::error(span(open, open + 1), "unclosed `{` in pass options")
+                        .with_help("close the options with `}`"),
+                );
                 break;
             };
             let mut j = open + 1;
@@ -47,42 +55,71 @@ pub fn parse_pipeline(text: &str, source: u32) -> Result<Vec<PassSpec>, Vec<Diag
                     continue;
                 }
                 match word.split_once('=') {
-                    Some((k, v)) => options.push((k.to_string(), v.to_string(), span(ws, ws + word.len()))),
-                    None => options.push((word.to_string(), "true".to_string(), span(ws, ws + word.len()))),
+                    Some((k, v)) => {
+                        options.push((k.to_string(), v.to_string(), span(ws, ws + word.len())))
+                    }
+                    None => options.push((
+                        word.to_string(),
+                        "true".to_string(),
+                        span(ws, ws + word.len()),
+                    )),
                 }
             }
             i = close + 1;
         }
         if i < bytes.len() && bytes[i] != b',' {
-            errors.push(Diagnostic::error(span(i, i + 1), format!("unexpected `{}` in the pipeline", &text[i..i + 1]))
-                .with_help("separate passes with `,` and put options in `{…}` separated by spaces"));
+            errors.push(
+                Diagnostic::error(
+                    span(i, i + 1),
+                    format!("unexpected `{}` in the pipeline", &text[i..i + 1]),
+                )
+                .with_help("separate passes with `,` and put options in `{…}` separated by spaces"),
+            );
             break;
         }
         let reg = registry();
         let Some(info) = reg.iter().find(|p| p.name == name) else {
             let names: Vec<&str> = reg.iter().map(|p| p.name).collect();
-            errors.push(Diagnostic::error(span(start, start + name.len()), format!("unknown pass `{name}`"))
-                .with_help(format!("available passes: {} (see --list-passes)", names.join(", "))));
+            errors.push(
+                Diagnostic::error(
+                    span(start, start + name.len()),
+                    format!("unknown pass `{name}`"),
+                )
+                .with_help(format!(
+                    "available passes: {} (see --list-passes)",
+                    names.join(", ")
+                )),
+            );
             continue;
         };
         let mut parsed = PassOptions::default();
         for (k, v, s) in options {
             let Some(opt) = info.options.iter().find(|o| o.name == k) else {
                 let known: Vec<&str> = info.options.iter().map(|o| o.name).collect();
-                errors.push(Diagnostic::error(s, format!("pass `{name}` has no option `{k}`")).with_help(if known.is_empty() {
-                    format!("`{name}` takes no options")
-                } else {
-                    format!("its options are: {}", known.join(", "))
-                }));
+                errors.push(
+                    Diagnostic::error(s, format!("pass `{name}` has no option `{k}`")).with_help(
+                        if known.is_empty() {
+                            format!("`{name}` takes no options")
+                        } else {
+                            format!("its options are: {}", known.join(", "))
+                        },
+                    ),
+                );
                 continue;
             };
             if let Err(e) = check_option(opt.kind, &v) {
-                errors.push(Diagnostic::error(s, format!("bad value for `{name}{{{k}}}`: {e}")).with_help(opt.help.to_string()));
+                errors.push(
+                    Diagnostic::error(s, format!("bad value for `{name}{{{k}}}`: {e}"))
+                        .with_help(opt.help.to_string()),
+                );
                 continue;
             }
             parsed.0.insert(k, v);
         }
-        specs.push(PassSpec { name: name.to_string(), options: parsed });
+        specs.push(PassSpec {
+            name: name.to_string(),
+            options: parsed,
+        });
     }
     if errors.is_empty() {
         Ok(specs)

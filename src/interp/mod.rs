@@ -71,7 +71,12 @@ impl Value {
     /// All dense leaves of a value without parallel state, in field order.
     pub fn leaves(&self) -> Vec<(DType, &Tensor)> {
         match self {
-            Value::Tensor(t) => t.tiles.iter().take(1).map(|x| (t.dtype, x.as_ref())).collect(),
+            Value::Tensor(t) => t
+                .tiles
+                .iter()
+                .take(1)
+                .map(|x| (t.dtype, x.as_ref()))
+                .collect(),
             Value::Tuple(fs) => fs.iter().flat_map(|f| f.leaves()).collect(),
         }
     }
@@ -85,7 +90,6 @@ impl TiledTensor {
             tiles: vec![Arc::new(t)],
         }
     }
-
 
     fn extent(&self, axis: &str) -> Option<usize> {
         self.axes.iter().find(|(a, _)| a == axis).map(|(_, e)| *e)
@@ -148,13 +152,21 @@ impl Sizes {
     }
 
     pub fn eval_shape(&self, shape: &[Dim]) -> Result<Vec<usize>, String> {
-        shape.iter().map(|d| d.eval(&|n| self.get(n)).map(|v| v as usize)).collect()
+        shape
+            .iter()
+            .map(|d| d.eval(&|n| self.get(n)).map(|v| v as usize))
+            .collect()
     }
 
     /// Sizes for a function: its `where` bindings, then a default extent for every parallel axis
     /// it partitions with: the largest divisor, at most `max_extent`, of the partitioned sizes.
     pub fn for_function(f: &Function, max_extent: u64) -> Sizes {
-        let mut sizes = Sizes(f.bindings.iter().map(|b| (b.name.clone(), b.value)).collect());
+        let mut sizes = Sizes(
+            f.bindings
+                .iter()
+                .map(|b| (b.name.clone(), b.value))
+                .collect(),
+        );
         let mut gcds: BTreeMap<String, u64> = BTreeMap::new();
         let mut mentioned: Vec<String> = Vec::new();
         fn gcd(a: u64, b: u64) -> u64 {
@@ -177,7 +189,9 @@ impl Sizes {
                     }
                     a
                 }
-                ExprKind::Replicate(a, _) | ExprKind::Collection(a, _) | ExprKind::Combination(_, a, _) => a,
+                ExprKind::Replicate(a, _)
+                | ExprKind::Collection(a, _)
+                | ExprKind::Combination(_, a, _) => a,
                 ExprKind::Reduce {
                     over: ReduceOver::Parallel(a),
                     ..
@@ -191,7 +205,10 @@ impl Sizes {
                 continue;
             }
             let e = match gcds.get(&a) {
-                Some(&g) if g > 0 => (1..=max_extent.min(g)).rev().find(|d| g % d == 0).unwrap_or(1),
+                Some(&g) if g > 0 => (1..=max_extent.min(g))
+                    .rev()
+                    .find(|d| g % d == 0)
+                    .unwrap_or(1),
                 _ => 2,
             };
             sizes.0.insert(a, e);
@@ -203,16 +220,26 @@ impl Sizes {
 /// Random inputs for a function: standard normal values (uniform indices for i32, coin flips
 /// for i1), rounded to each input's dtype, from a seed. `scale` multiplies float inputs (large
 /// magnitudes probe numerical robustness).
-pub fn random_inputs(f: &Function, sizes: &Sizes, seed: u64, scale: f32) -> Result<Vec<Value>, InterpError> {
+pub fn random_inputs(
+    f: &Function,
+    sizes: &Sizes,
+    seed: u64,
+    scale: f32,
+) -> Result<Vec<Value>, InterpError> {
     let mut out = Vec::new();
     for (i, p) in f.body.params.iter().enumerate() {
         let n = f.body.node(*p);
         let Some(Type::Tensor(t)) = n.annot.as_ref() else {
             return Err(InterpError::at(n.span, "input without a tensor type"));
         };
-        let shape = sizes.eval_shape(&t.shape).map_err(|e| InterpError::at(n.span, e))?;
+        let shape = sizes
+            .eval_shape(&t.shape)
+            .map_err(|e| InterpError::at(n.span, e))?;
         let mut tensor = Tensor::filled(shape, 0.0).map_err(|e| InterpError::at(n.span, e))?;
-        let mut rng = Rng::new(seed.wrapping_mul(0x100_0000_01b3).wrapping_add(i as u64 * 7919 + 1));
+        let mut rng = Rng::new(
+            seed.wrapping_mul(0x100_0000_01b3)
+                .wrapping_add(i as u64 * 7919 + 1),
+        );
         for x in tensor.data.iter_mut() {
             *x = match t.dtype {
                 DType::I32 => rng.below(16) as f32,
@@ -264,8 +291,20 @@ fn binary_fn(op: BinaryOp) -> fn(f32, f32) -> f32 {
         BinaryOp::Subtract => |x, y| x - y,
         BinaryOp::Multiply => |x, y| x * y,
         BinaryOp::Divide => |x, y| x / y,
-        BinaryOp::Maximum => |x, y| if x.is_nan() || y.is_nan() { f32::NAN } else { x.max(y) },
-        BinaryOp::Minimum => |x, y| if x.is_nan() || y.is_nan() { f32::NAN } else { x.min(y) },
+        BinaryOp::Maximum => |x, y| {
+            if x.is_nan() || y.is_nan() {
+                f32::NAN
+            } else {
+                x.max(y)
+            }
+        },
+        BinaryOp::Minimum => |x, y| {
+            if x.is_nan() || y.is_nan() {
+                f32::NAN
+            } else {
+                x.min(y)
+            }
+        },
         BinaryOp::Pow => f32::powf,
         BinaryOp::Less => |x, y| (x < y) as u8 as f32,
         BinaryOp::LessEqual => |x, y| (x <= y) as u8 as f32,
@@ -282,8 +321,20 @@ fn builtin_fold(r: BuiltinReducer) -> fn(f64, f64) -> f64 {
     match r {
         BuiltinReducer::Add => |a, b| a + b,
         BuiltinReducer::Mul => |a, b| a * b,
-        BuiltinReducer::Max => |a, b| if a.is_nan() || b.is_nan() { f64::NAN } else { a.max(b) },
-        BuiltinReducer::Min => |a, b| if a.is_nan() || b.is_nan() { f64::NAN } else { a.min(b) },
+        BuiltinReducer::Max => |a, b| {
+            if a.is_nan() || b.is_nan() {
+                f64::NAN
+            } else {
+                a.max(b)
+            }
+        },
+        BuiltinReducer::Min => |a, b| {
+            if a.is_nan() || b.is_nan() {
+                f64::NAN
+            } else {
+                a.min(b)
+            }
+        },
     }
 }
 
@@ -301,7 +352,12 @@ impl<'m> Interpreter<'m> {
         if inputs.len() != f.body.params.len() {
             return Err(InterpError::at(
                 f.name_span,
-                format!("`{}` takes {} inputs, got {}", f.name, f.body.params.len(), inputs.len()),
+                format!(
+                    "`{}` takes {} inputs, got {}",
+                    f.name,
+                    f.body.params.len(),
+                    inputs.len()
+                ),
             ));
         }
         self.eval_body(&f.body, inputs)
@@ -334,9 +390,14 @@ impl<'m> Interpreter<'m> {
                     .kind
                     .operands()
                     .iter()
-                    .map(|o| values[o.index()].as_ref().ok_or_else(|| InterpError::at(n.span, "operand value was dropped")))
+                    .map(|o| {
+                        values[o.index()]
+                            .as_ref()
+                            .ok_or_else(|| InterpError::at(n.span, "operand value was dropped"))
+                    })
                     .collect::<Result<_, _>>()?;
-                self.eval_node(body, n, &ops).map_err(|e| InterpError::at(n.span, e))?
+                self.eval_node(body, n, &ops)
+                    .map_err(|e| InterpError::at(n.span, e))?
             };
             values[id.index()] = Some(v);
             for o in n.kind.operands() {
@@ -347,7 +408,11 @@ impl<'m> Interpreter<'m> {
         }
         body.results
             .iter()
-            .map(|r| values[r.index()].clone().ok_or_else(|| InterpError::at(body.results_span, "result was not computed")))
+            .map(|r| {
+                values[r.index()]
+                    .clone()
+                    .ok_or_else(|| InterpError::at(body.results_span, "result was not computed"))
+            })
             .collect()
     }
 
@@ -371,8 +436,11 @@ impl<'m> Interpreter<'m> {
             }
             Iota(d) => {
                 let (dt, shape) = self.leaf_tensor(n)?;
-                let Some(Type::Tensor(ty)) = &n.annot else { return Err("iota without type".into()) };
-                let dim = crate::passes::typing::resolve_dim(&ty.shape, d).map_err(|e| e.message)?;
+                let Some(Type::Tensor(ty)) = &n.annot else {
+                    return Err("iota without type".into());
+                };
+                let dim =
+                    crate::passes::typing::resolve_dim(&ty.shape, d).map_err(|e| e.message)?;
                 let mut t = Tensor::iota(shape, dim)?;
                 t.round(dt);
                 tt(TiledTensor::dense(dt, t))
@@ -384,7 +452,10 @@ impl<'m> Interpreter<'m> {
                     FieldRef::Name(name) => self.field_index(body, *x, name)?,
                 };
                 match ops[0] {
-                    Value::Tuple(fs) => fs.get(i).cloned().ok_or_else(|| format!("field {i} out of range")),
+                    Value::Tuple(fs) => fs
+                        .get(i)
+                        .cloned()
+                        .ok_or_else(|| format!("field {i} out of range")),
                     Value::Tensor(_) => Err("get on a tensor".into()),
                 }
             }
@@ -403,13 +474,19 @@ impl<'m> Interpreter<'m> {
                     let len = full / extent;
                     tiles.push(Arc::new(src.slice(dim, c[axis.as_str()] * len, len)));
                 }
-                tt(TiledTensor { dtype: t.dtype, axes, tiles })
+                tt(TiledTensor {
+                    dtype: t.dtype,
+                    axes,
+                    tiles,
+                })
             }
             Replicate(axis, _) => self.replicate(ops[0], axis),
             Combination(d, axis, _) => {
                 let t = ops[0].tensor()?;
                 let dim = self.tile_dim(n, body, d)?;
-                let extent = t.extent(axis).ok_or("combination over an axis the value is not on")?;
+                let extent = t
+                    .extent(axis)
+                    .ok_or("combination over an axis the value is not on")?;
                 let axes = without(&t.axes, axis);
                 let mut tiles = Vec::new();
                 for c in for_coords(&axes) {
@@ -421,7 +498,11 @@ impl<'m> Interpreter<'m> {
                     }
                     tiles.push(Arc::new(Tensor::concat(&parts, dim)));
                 }
-                tt(TiledTensor { dtype: t.dtype, axes, tiles })
+                tt(TiledTensor {
+                    dtype: t.dtype,
+                    axes,
+                    tiles,
+                })
             }
             Collection(axis, _) => self.collect(ops[0], axis),
             Unary(op, _) => {
@@ -436,7 +517,11 @@ impl<'m> Interpreter<'m> {
                         Ok(Arc::new(r))
                     })
                     .collect::<Result<_, String>>()?;
-                tt(TiledTensor { dtype: t.dtype, axes: t.axes.clone(), tiles })
+                tt(TiledTensor {
+                    dtype: t.dtype,
+                    axes: t.axes.clone(),
+                    tiles,
+                })
             }
             Binary(op, ..) => {
                 let (a, b) = (ops[0].tensor()?, ops[1].tensor()?);
@@ -460,11 +545,16 @@ impl<'m> Interpreter<'m> {
                         Arc::new(r)
                     })
                     .collect();
-                tt(TiledTensor { dtype: *to, axes: t.axes.clone(), tiles })
+                tt(TiledTensor {
+                    dtype: *to,
+                    axes: t.axes.clone(),
+                    tiles,
+                })
             }
             MatMul { acc, .. } | TileMatMul { acc, .. } => {
                 let (a, b) = (ops[0].tensor()?, ops[1].tensor()?);
-                let dt = acc.unwrap_or_else(|| DType::promote(a.dtype, b.dtype).unwrap_or(DType::F32));
+                let dt =
+                    acc.unwrap_or_else(|| DType::promote(a.dtype, b.dtype).unwrap_or(DType::F32));
                 let axes = union_axes(&[a, b]);
                 let mut tiles = Vec::new();
                 for c in for_coords(&axes) {
@@ -472,7 +562,11 @@ impl<'m> Interpreter<'m> {
                     r.round(dt);
                     tiles.push(Arc::new(r));
                 }
-                tt(TiledTensor { dtype: dt, axes, tiles })
+                tt(TiledTensor {
+                    dtype: dt,
+                    axes,
+                    tiles,
+                })
             }
             Reduce {
                 input,
@@ -482,8 +576,16 @@ impl<'m> Interpreter<'m> {
             } => self.reduce(body, n, *input, ops[0], over, reducer, *keep_dims),
             Transpose(perm, _) => {
                 let t = ops[0].tensor()?;
-                let tiles = t.tiles.iter().map(|x| Arc::new(x.transpose(perm))).collect();
-                tt(TiledTensor { dtype: t.dtype, axes: t.axes.clone(), tiles })
+                let tiles = t
+                    .tiles
+                    .iter()
+                    .map(|x| Arc::new(x.transpose(perm)))
+                    .collect();
+                tt(TiledTensor {
+                    dtype: t.dtype,
+                    axes: t.axes.clone(),
+                    tiles,
+                })
             }
             Reshape(shape, _) => {
                 let t = ops[0].tensor()?;
@@ -493,12 +595,22 @@ impl<'m> Interpreter<'m> {
                     .iter()
                     .map(|x| {
                         if tensor::element_count(&target)? != x.data.len() {
-                            return Err(format!("reshape to {target:?} changes the element count of a {:?} tile", x.shape));
+                            return Err(format!(
+                                "reshape to {target:?} changes the element count of a {:?} tile",
+                                x.shape
+                            ));
                         }
-                        Ok(Arc::new(Tensor { shape: target.clone(), data: x.data.clone() }))
+                        Ok(Arc::new(Tensor {
+                            shape: target.clone(),
+                            data: x.data.clone(),
+                        }))
                     })
                     .collect::<Result<_, String>>()?;
-                tt(TiledTensor { dtype: t.dtype, axes: t.axes.clone(), tiles })
+                tt(TiledTensor {
+                    dtype: t.dtype,
+                    axes: t.axes.clone(),
+                    tiles,
+                })
             }
             Broadcast(shape, _) => {
                 let t = ops[0].tensor()?;
@@ -512,12 +624,22 @@ impl<'m> Interpreter<'m> {
                         let tile_target: Vec<usize> = target
                             .iter()
                             .enumerate()
-                            .map(|(i, &d)| if i >= off && x.shape[i - off] != 1 { x.shape[i - off] } else { d })
+                            .map(|(i, &d)| {
+                                if i >= off && x.shape[i - off] != 1 {
+                                    x.shape[i - off]
+                                } else {
+                                    d
+                                }
+                            })
                             .collect();
                         x.broadcast_to(&tile_target).map(Arc::new)
                     })
                     .collect::<Result<_, String>>()?;
-                tt(TiledTensor { dtype: t.dtype, axes: t.axes.clone(), tiles })
+                tt(TiledTensor {
+                    dtype: t.dtype,
+                    axes: t.axes.clone(),
+                    tiles,
+                })
             }
         }
     }
@@ -533,9 +655,13 @@ impl<'m> Interpreter<'m> {
     fn tile_dim(&self, n: &Node, body: &Body, d: &DimRef) -> Result<usize, String> {
         let x = n.kind.operands()[0];
         match (d, body.ty(x)) {
-            (_, Some(Type::Tensor(t))) => crate::passes::typing::resolve_dim(&t.shape, d).map_err(|e| e.message),
+            (_, Some(Type::Tensor(t))) => {
+                crate::passes::typing::resolve_dim(&t.shape, d).map_err(|e| e.message)
+            }
             (DimRef::Index(i), _) => Ok(*i),
-            (DimRef::Name(name), _) => Err(format!("dimension {name} needs the operand's type; run verify first")),
+            (DimRef::Name(name), _) => Err(format!(
+                "dimension {name} needs the operand's type; run verify first"
+            )),
         }
     }
 
@@ -556,21 +682,38 @@ impl<'m> Interpreter<'m> {
 
     fn replicate(&self, v: &Value, axis: &str) -> Result<Value, String> {
         match v {
-            Value::Tuple(fs) => Ok(Value::Tuple(fs.iter().map(|f| self.replicate(f, axis)).collect::<Result<_, _>>()?)),
+            Value::Tuple(fs) => Ok(Value::Tuple(
+                fs.iter()
+                    .map(|f| self.replicate(f, axis))
+                    .collect::<Result<_, _>>()?,
+            )),
             Value::Tensor(t) => {
                 let extent = self.axis_extent(axis)?;
                 let axes = sorted_insert(&t.axes, axis, extent);
-                let tiles = for_coords(&axes).iter().map(|c| t.tile_at(c).clone()).collect();
-                Ok(Value::Tensor(TiledTensor { dtype: t.dtype, axes, tiles }))
+                let tiles = for_coords(&axes)
+                    .iter()
+                    .map(|c| t.tile_at(c).clone())
+                    .collect();
+                Ok(Value::Tensor(TiledTensor {
+                    dtype: t.dtype,
+                    axes,
+                    tiles,
+                }))
             }
         }
     }
 
     fn collect(&self, v: &Value, axis: &str) -> Result<Value, String> {
         match v {
-            Value::Tuple(fs) => Ok(Value::Tuple(fs.iter().map(|f| self.collect(f, axis)).collect::<Result<_, _>>()?)),
+            Value::Tuple(fs) => Ok(Value::Tuple(
+                fs.iter()
+                    .map(|f| self.collect(f, axis))
+                    .collect::<Result<_, _>>()?,
+            )),
             Value::Tensor(t) => {
-                let extent = t.extent(axis).ok_or("collection over an axis the value is not on")?;
+                let extent = t
+                    .extent(axis)
+                    .ok_or("collection over an axis the value is not on")?;
                 let axes = without(&t.axes, axis);
                 let mut tiles = Vec::new();
                 for c in for_coords(&axes) {
@@ -582,12 +725,21 @@ impl<'m> Interpreter<'m> {
                     }
                     tiles.push(Arc::new(Tensor::stack(&parts)));
                 }
-                Ok(Value::Tensor(TiledTensor { dtype: t.dtype, axes, tiles }))
+                Ok(Value::Tensor(TiledTensor {
+                    dtype: t.dtype,
+                    axes,
+                    tiles,
+                }))
             }
         }
     }
 
-    fn pointwise(&self, ts: &[&TiledTensor], dt: DType, f: impl Fn(&[f32]) -> f32 + Sync) -> Result<Value, String> {
+    fn pointwise(
+        &self,
+        ts: &[&TiledTensor],
+        dt: DType,
+        f: impl Fn(&[f32]) -> f32 + Sync,
+    ) -> Result<Value, String> {
         let axes = union_axes(ts);
         let mut tiles = Vec::new();
         for c in for_coords(&axes) {
@@ -596,13 +748,21 @@ impl<'m> Interpreter<'m> {
             r.round(dt);
             tiles.push(Arc::new(r));
         }
-        Ok(Value::Tensor(TiledTensor { dtype: dt, axes, tiles }))
+        Ok(Value::Tensor(TiledTensor {
+            dtype: dt,
+            axes,
+            tiles,
+        }))
     }
 
     /// The item at coordinate `j` of parallel axis `p` (a tile, a contribution or a replica).
     fn select_coord(v: &Value, p: &str, j: usize) -> Result<Value, String> {
         match v {
-            Value::Tuple(fs) => Ok(Value::Tuple(fs.iter().map(|f| Self::select_coord(f, p, j)).collect::<Result<_, _>>()?)),
+            Value::Tuple(fs) => Ok(Value::Tuple(
+                fs.iter()
+                    .map(|f| Self::select_coord(f, p, j))
+                    .collect::<Result<_, _>>()?,
+            )),
             Value::Tensor(t) => {
                 let axes = without(&t.axes, p);
                 let tiles = for_coords(&axes)
@@ -612,15 +772,27 @@ impl<'m> Interpreter<'m> {
                         t.tile_at(&c).clone()
                     })
                     .collect();
-                Ok(Value::Tensor(TiledTensor { dtype: t.dtype, axes, tiles }))
+                Ok(Value::Tensor(TiledTensor {
+                    dtype: t.dtype,
+                    axes,
+                    tiles,
+                }))
             }
         }
     }
 
     /// The slice at index `k` of dimension `dim` of every tile, with the dimension removed.
-    fn select_index(v: &Value, dims: &mut impl Iterator<Item = usize>, k: usize) -> Result<Value, String> {
+    fn select_index(
+        v: &Value,
+        dims: &mut impl Iterator<Item = usize>,
+        k: usize,
+    ) -> Result<Value, String> {
         match v {
-            Value::Tuple(fs) => Ok(Value::Tuple(fs.iter().map(|f| Self::select_index(f, dims, k)).collect::<Result<_, _>>()?)),
+            Value::Tuple(fs) => Ok(Value::Tuple(
+                fs.iter()
+                    .map(|f| Self::select_index(f, dims, k))
+                    .collect::<Result<_, _>>()?,
+            )),
             Value::Tensor(t) => {
                 let dim = dims.next().ok_or("missing reduced dimension")?;
                 let tiles = t
@@ -632,7 +804,11 @@ impl<'m> Interpreter<'m> {
                         Arc::new(s)
                     })
                     .collect();
-                Ok(Value::Tensor(TiledTensor { dtype: t.dtype, axes: t.axes.clone(), tiles }))
+                Ok(Value::Tensor(TiledTensor {
+                    dtype: t.dtype,
+                    axes: t.axes.clone(),
+                    tiles,
+                }))
             }
         }
     }
@@ -672,11 +848,17 @@ impl<'m> Interpreter<'m> {
                         Arc::new(y)
                     })
                     .collect();
-                Ok(Value::Tensor(TiledTensor { dtype: t.dtype, axes: t.axes.clone(), tiles }))
+                Ok(Value::Tensor(TiledTensor {
+                    dtype: t.dtype,
+                    axes: t.axes.clone(),
+                    tiles,
+                }))
             }
             (ReducerRef::Builtin(r), ReduceOver::Parallel(p)) => {
                 let t = v.tensor()?;
-                let extent = t.extent(p).ok_or("reduce over an axis the value is not on")?;
+                let extent = t
+                    .extent(p)
+                    .ok_or("reduce over an axis the value is not on")?;
                 let axes = without(&t.axes, p);
                 let f = builtin_fold(*r);
                 let mut tiles = Vec::new();
@@ -693,20 +875,49 @@ impl<'m> Interpreter<'m> {
                             *x = f(*x, *y as f64);
                         }
                     }
-                    let mut out = Tensor { shape, data: acc.unwrap_or_default().into_iter().map(|x| x as f32).collect() };
+                    let mut out = Tensor {
+                        shape,
+                        data: acc
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(|x| x as f32)
+                            .collect(),
+                    };
                     out.round(t.dtype);
                     tiles.push(Arc::new(out));
                 }
-                Ok(Value::Tensor(TiledTensor { dtype: t.dtype, axes, tiles }))
+                Ok(Value::Tensor(TiledTensor {
+                    dtype: t.dtype,
+                    axes,
+                    tiles,
+                }))
             }
             (ReducerRef::User(name), _) => {
-                let def = self.module.reducer(name).ok_or_else(|| format!("unknown reducer @{name}"))?;
+                let def = self
+                    .module
+                    .reducer(name)
+                    .ok_or_else(|| format!("unknown reducer @{name}"))?;
+                // Reducers are typed per use; the body needs its types (dimension lookups).
+                let input_ty = body
+                    .ty(input)
+                    .ok_or("reduce needs its operand's type; run verify first")?;
+                let env = crate::passes::typing::TypeEnv::new(&self.module.reducers);
+                let types = crate::passes::typing::reducer_body_types(def, input_ty, over, &env)
+                    .map_err(|e| e.message)?;
+                let mut typed = def.body.clone();
+                for (n, t) in typed.nodes.iter_mut().zip(types) {
+                    n.ty = Some(t);
+                }
                 // Items and the number of fold steps.
                 let (steps, outer) = match over {
                     ReduceOver::Parallel(p) => {
                         let mut axes = Vec::new();
                         Self::leaves_axes(v, &mut axes);
-                        let extent = axes.iter().find(|(a, _)| a == p).map(|(_, e)| *e).ok_or("reduce over an axis the value is not on")?;
+                        let extent = axes
+                            .iter()
+                            .find(|(a, _)| a == p)
+                            .map(|(_, e)| *e)
+                            .ok_or("reduce over an axis the value is not on")?;
                         (extent, without(&union_of(&axes), p))
                     }
                     ReduceOver::Axis(_) => {
@@ -740,30 +951,53 @@ impl<'m> Interpreter<'m> {
                     };
                     let mut params = state.clone();
                     match item {
-                        Value::Tuple(fs) if def.item.len() > 1 || matches!(v, Value::Tuple(_)) => params.extend(fs),
+                        Value::Tuple(fs) if def.item.len() > 1 || matches!(v, Value::Tuple(_)) => {
+                            params.extend(fs)
+                        }
                         other => params.push(other),
                     }
-                    let out = self.eval_body(&def.body, &params).map_err(|e| format!("in reducer @{name}: {}", e.message))?;
+                    let out = self
+                        .eval_body(&typed, &params)
+                        .map_err(|e| format!("in reducer @{name}: {}", e.message))?;
                     state = match out.into_iter().next() {
                         Some(Value::Tuple(fs)) if def.state.len() > 1 => fs,
                         Some(v) if def.state.len() == 1 => vec![v],
-                        _ => return Err(format!("reducer @{name} returned the wrong number of state fields")),
+                        _ => {
+                            return Err(format!(
+                                "reducer @{name} returned the wrong number of state fields"
+                            ))
+                        }
                     };
                 }
-                Ok(if state.len() == 1 { state.remove(0) } else { Value::Tuple(state) })
+                Ok(if state.len() == 1 {
+                    state.remove(0)
+                } else {
+                    Value::Tuple(state)
+                })
             }
         }
     }
 
     /// For `reduce X axis=D` with a user reducer: D's index in each field of X.
-    fn reduced_dims(&self, body: &Body, input: NodeId, over: &ReduceOver) -> Result<Vec<usize>, String> {
-        let ReduceOver::Axis(d) = over else { return Ok(vec![]) };
-        let ty = body.ty(input).ok_or("reduce needs its operand's type; run verify first")?;
+    fn reduced_dims(
+        &self,
+        body: &Body,
+        input: NodeId,
+        over: &ReduceOver,
+    ) -> Result<Vec<usize>, String> {
+        let ReduceOver::Axis(d) = over else {
+            return Ok(vec![]);
+        };
+        let ty = body
+            .ty(input)
+            .ok_or("reduce needs its operand's type; run verify first")?;
         let mut out = Vec::new();
         fn walk(t: &Type, d: &DimRef, out: &mut Vec<usize>) -> Result<(), String> {
             match t {
                 Type::Tensor(t) => {
-                    out.push(crate::passes::typing::resolve_dim(&t.shape, d).map_err(|e| e.message)?);
+                    out.push(
+                        crate::passes::typing::resolve_dim(&t.shape, d).map_err(|e| e.message)?,
+                    );
                     Ok(())
                 }
                 Type::Tuple(fs) => fs.iter().try_for_each(|f| walk(f, d, out)),
@@ -788,7 +1022,9 @@ impl<'m> Interpreter<'m> {
         walk(v, &mut dims.iter(), &mut lens);
         match lens.first() {
             Some(&l) if lens.iter().all(|&x| x == l) => Ok(l),
-            Some(_) => Err(format!("item fields have different extents along the reduced dimension: {lens:?}")),
+            Some(_) => Err(format!(
+                "item fields have different extents along the reduced dimension: {lens:?}"
+            )),
             None => Err("nothing to reduce".into()),
         }
     }

@@ -118,7 +118,10 @@ impl Tensor {
                 if *o == 1 {
                     *o = d;
                 } else if d != 1 && d != *o {
-                    return Err(format!("tile shapes {:?} do not broadcast", inputs.iter().map(|t| &t.shape).collect::<Vec<_>>()));
+                    return Err(format!(
+                        "tile shapes {:?} do not broadcast",
+                        inputs.iter().map(|t| &t.shape).collect::<Vec<_>>()
+                    ));
                 }
             }
         }
@@ -131,7 +134,13 @@ impl Tensor {
                 let off = rank - t.shape.len();
                 let s = strides(&t.shape);
                 (0..rank)
-                    .map(|i| if i < off || t.shape[i - off] == 1 { 0 } else { s[i - off] })
+                    .map(|i| {
+                        if i < off || t.shape[i - off] == 1 {
+                            0
+                        } else {
+                            s[i - off]
+                        }
+                    })
                     .collect()
             })
             .collect();
@@ -169,7 +178,10 @@ impl Tensor {
     pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor, String> {
         let (ra, rb) = (a.shape.len(), b.shape.len());
         if ra < 2 || rb < 2 || a.shape[ra - 1] != b.shape[rb - 2] {
-            return Err(format!("matmul tile shapes {:?} and {:?} do not match", a.shape, b.shape));
+            return Err(format!(
+                "matmul tile shapes {:?} and {:?} do not match",
+                a.shape, b.shape
+            ));
         }
         let (m, k, n) = (a.shape[ra - 2], a.shape[ra - 1], b.shape[rb - 1]);
         let ba = Tensor {
@@ -213,25 +225,27 @@ impl Tensor {
             o
         };
         let mut data = vec![0f32; total];
-        data.par_chunks_mut(n.max(1)).enumerate().for_each(|(row, out)| {
-            if n == 0 {
-                return;
-            }
-            let bi = row / m.max(1);
-            let i = row % m.max(1);
-            let a0 = batch_offset(&ba, bi) * m * k + i * k;
-            let b0 = batch_offset(&bb, bi) * k * n;
-            for kk in 0..k {
-                let av = a.data[a0 + kk];
-                if av == 0.0 {
-                    continue;
+        data.par_chunks_mut(n.max(1))
+            .enumerate()
+            .for_each(|(row, out)| {
+                if n == 0 {
+                    return;
                 }
-                let brow = &b.data[b0 + kk * n..b0 + (kk + 1) * n];
-                for (o, bv) in out.iter_mut().zip(brow) {
-                    *o += av * bv;
+                let bi = row / m.max(1);
+                let i = row % m.max(1);
+                let a0 = batch_offset(&ba, bi) * m * k + i * k;
+                let b0 = batch_offset(&bb, bi) * k * n;
+                for kk in 0..k {
+                    let av = a.data[a0 + kk];
+                    if av == 0.0 {
+                        continue;
+                    }
+                    let brow = &b.data[b0 + kk * n..b0 + (kk + 1) * n];
+                    for (o, bv) in out.iter_mut().zip(brow) {
+                        *o += av * bv;
+                    }
                 }
-            }
-        });
+            });
         let _ = nbatch;
         Ok(Tensor { shape, data })
     }
@@ -380,7 +394,10 @@ mod tests {
         assert_eq!(round_bf16(1.0), 1.0);
         // 1 + 2^-8 is exactly halfway between bf16 neighbours 1 and 1 + 2^-7: ties to even.
         assert_eq!(round_bf16(1.0 + 2f32.powi(-8)), 1.0);
-        assert_eq!(round_bf16(1.0 + 3.0 * 2f32.powi(-8)), 1.0 + 2.0 * 2f32.powi(-7));
+        assert_eq!(
+            round_bf16(1.0 + 3.0 * 2f32.powi(-8)),
+            1.0 + 2.0 * 2f32.powi(-7)
+        );
     }
 
     #[test]
@@ -392,16 +409,28 @@ mod tests {
 
     #[test]
     fn matmul_matches_hand_computation() {
-        let a = Tensor { shape: vec![2, 3], data: vec![1., 2., 3., 4., 5., 6.] };
-        let b = Tensor { shape: vec![3, 2], data: vec![7., 8., 9., 10., 11., 12.] };
+        let a = Tensor {
+            shape: vec![2, 3],
+            data: vec![1., 2., 3., 4., 5., 6.],
+        };
+        let b = Tensor {
+            shape: vec![3, 2],
+            data: vec![7., 8., 9., 10., 11., 12.],
+        };
         let c = Tensor::matmul(&a, &b).expect("shapes match");
         assert_eq!(c.data, vec![58., 64., 139., 154.]);
     }
 
     #[test]
     fn zip_broadcasts_rows_and_columns() {
-        let a = Tensor { shape: vec![2, 1], data: vec![1., 2.] };
-        let b = Tensor { shape: vec![3], data: vec![10., 20., 30.] };
+        let a = Tensor {
+            shape: vec![2, 1],
+            data: vec![1., 2.],
+        };
+        let b = Tensor {
+            shape: vec![3],
+            data: vec![10., 20., 30.],
+        };
         let c = Tensor::zip(&[&a, &b], |v| v[0] + v[1]).expect("broadcasts");
         assert_eq!(c.shape, vec![2, 3]);
         assert_eq!(c.data, vec![11., 21., 31., 12., 22., 32.]);
@@ -409,7 +438,10 @@ mod tests {
 
     #[test]
     fn slice_concat_roundtrip() {
-        let t = Tensor { shape: vec![2, 4], data: (0..8).map(|x| x as f32).collect() };
+        let t = Tensor {
+            shape: vec![2, 4],
+            data: (0..8).map(|x| x as f32).collect(),
+        };
         let a = t.slice(1, 0, 2);
         let b = t.slice(1, 2, 2);
         assert_eq!(Tensor::concat(&[&a, &b], 1), t);

@@ -95,13 +95,21 @@ pub const OP_ALIASES: &[(&str, &str)] = &[
 
 impl UnaryOp {
     pub fn name(self) -> &'static str {
-        UNARY_OPS.iter().find(|(_, o)| *o == self).map(|(n, _)| *n).unwrap_or("?")
+        UNARY_OPS
+            .iter()
+            .find(|(_, o)| *o == self)
+            .map(|(n, _)| *n)
+            .unwrap_or("?")
     }
 }
 
 impl BinaryOp {
     pub fn name(self) -> &'static str {
-        BINARY_OPS.iter().find(|(_, o)| *o == self).map(|(n, _)| *n).unwrap_or("?")
+        BINARY_OPS
+            .iter()
+            .find(|(_, o)| *o == self)
+            .map(|(n, _)| *n)
+            .unwrap_or("?")
     }
 
     /// The infix spelling, for the four arithmetic operators.
@@ -398,7 +406,10 @@ pub struct Function {
 
 impl Function {
     pub fn binding(&self, name: &str) -> Option<u64> {
-        self.bindings.iter().find(|b| b.name == name).map(|b| b.value)
+        self.bindings
+            .iter()
+            .find(|b| b.name == name)
+            .map(|b| b.value)
     }
 }
 

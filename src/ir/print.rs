@@ -96,7 +96,10 @@ impl<'a> BodyPrinter<'a> {
                 .unwrap_or(0);
             depth[id.index()] = d;
             let must_name = !is_inline_literal(n)
-                && (uses[id.index()] != 1 || d > MAX_INLINE_DEPTH || n.kind.needs_annotation() || n.kind == ExprKind::Param);
+                && (uses[id.index()] != 1
+                    || d > MAX_INLINE_DEPTH
+                    || n.kind.needs_annotation()
+                    || n.kind == ExprKind::Param);
             if must_name {
                 names[id.index()] = Some(namer.fresh("v"));
                 depth[id.index()] = 0;
@@ -257,12 +260,16 @@ impl<'a> BodyPrinter<'a> {
     fn statements(&self, out: &mut String, indent: &str) {
         for id in self.body.ids() {
             let n = self.body.node(id);
-            let Some(name) = &self.names[id.index()] else { continue };
+            let Some(name) = &self.names[id.index()] else {
+                continue;
+            };
             if n.kind == ExprKind::Param {
                 continue;
             }
             let ty = if n.kind.needs_annotation() || !self.opts.types {
-                n.annot.as_ref().or(n.ty.as_ref().filter(|_| self.opts.types))
+                n.annot
+                    .as_ref()
+                    .or(n.ty.as_ref().filter(|_| self.opts.types))
             } else {
                 n.ty.as_ref().or(n.annot.as_ref())
             };
@@ -294,7 +301,11 @@ pub fn print_function(f: &Function, opts: PrintOptions) -> String {
     }
     write!(out, "func {}", f.name).ok();
     if !f.bindings.is_empty() {
-        let b: Vec<String> = f.bindings.iter().map(|b| format!("{} = {}", b.name, b.value)).collect();
+        let b: Vec<String> = f
+            .bindings
+            .iter()
+            .map(|b| format!("{} = {}", b.name, b.value))
+            .collect();
         write!(out, " where {}", b.join(", ")).ok();
     }
     out.push_str(" {\n");

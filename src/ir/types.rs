@@ -132,16 +132,20 @@ impl Dim {
     pub fn eval(&self, sizes: &dyn Fn(&str) -> Option<u64>) -> Result<u64, String> {
         let base = match &self.base {
             DimBase::Lit(n) => *n,
-            DimBase::Sym(s) => {
-                sizes(s).ok_or_else(|| format!("dimension {s} has no size; bind it in `where` or with --set {s}=N"))?
+            DimBase::Sym(s) => sizes(s).ok_or_else(|| {
+                format!("dimension {s} has no size; bind it in `where` or with --set {s}=N")
+            })?,
+            DimBase::Extent(a) => {
+                sizes(a).ok_or_else(|| format!("parallel axis {a} has no extent"))?
             }
-            DimBase::Extent(a) => sizes(a).ok_or_else(|| format!("parallel axis {a} has no extent"))?,
         };
         let mut size = base;
         for a in &self.splits {
             let e = sizes(a).ok_or_else(|| format!("parallel axis {a} has no extent"))?;
             if e == 0 || size % e != 0 {
-                return Err(format!("extent {e} of axis {a} does not divide {size} (dimension {self})"));
+                return Err(format!(
+                    "extent {e} of axis {a} does not divide {size} (dimension {self})"
+                ));
             }
             size /= e;
         }
@@ -171,7 +175,11 @@ impl fmt::Display for Dim {
 pub type Shape = Vec<Dim>;
 
 pub fn shape_to_string(shape: &[Dim]) -> String {
-    shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x")
+    shape
+        .iter()
+        .map(|d| d.to_string())
+        .collect::<Vec<_>>()
+        .join("x")
 }
 
 /// How one parallel axis relates to a value.
@@ -206,7 +214,9 @@ impl ParState {
 
     /// The axis that partitions dimension `dim`, if any.
     pub fn partitioner_of(&self, dim: usize) -> Option<&str> {
-        self.0.iter().find_map(|(a, k)| (*k == ParKind::Partition(dim)).then_some(a.as_str()))
+        self.0
+            .iter()
+            .find_map(|(a, k)| (*k == ParKind::Partition(dim)).then_some(a.as_str()))
     }
 
     /// Same entries with every partitioned dimension index passed through `map`; an entry whose
@@ -244,7 +254,11 @@ impl ParState {
 /// How a dimension is referred to in text: by its symbol when that is unique in the shape,
 /// else by index (so `tensor<KxK>` stays unambiguous).
 pub fn dim_ref_text(shape: &[Dim], index: usize) -> String {
-    if let Some(Dim { base: DimBase::Sym(s), .. }) = shape.get(index) {
+    if let Some(Dim {
+        base: DimBase::Sym(s),
+        ..
+    }) = shape.get(index)
+    {
         if shape.iter().filter(|d| d.has_symbol(s)).count() == 1 {
             return s.clone();
         }

@@ -17,11 +17,20 @@ pub fn build_module(items: &[Item], source: u32) -> Result<Module, Vec<Diagnosti
         match item {
             Item::Reducer(r) => {
                 if BuiltinReducer::parse(&r.name).is_some() {
-                    let d = b.err(r.name_loc, format!("`@{}` is a built-in reducer and cannot be redefined", r.name));
+                    let d = b.err(
+                        r.name_loc,
+                        format!(
+                            "`@{}` is a built-in reducer and cannot be redefined",
+                            r.name
+                        ),
+                    );
                     b.diags.push(d);
                 } else if let Some(prev) = b.reducer_names.insert(r.name.clone(), r.name_loc) {
                     let d = b
-                        .err(r.name_loc, format!("reducer `@{}` is defined twice", r.name))
+                        .err(
+                            r.name_loc,
+                            format!("reducer `@{}` is defined twice", r.name),
+                        )
                         .with_note(Some(b.span(prev)), "first defined here");
                     b.diags.push(d);
                 }
@@ -29,7 +38,10 @@ pub fn build_module(items: &[Item], source: u32) -> Result<Module, Vec<Diagnosti
             Item::Func(f) => {
                 if let Some(prev) = seen_funcs.insert(&f.name, f.name_loc) {
                     let d = b
-                        .err(f.name_loc, format!("function `{}` is defined twice", f.name))
+                        .err(
+                            f.name_loc,
+                            format!("function `{}` is defined twice", f.name),
+                        )
                         .with_note(Some(b.span(prev)), "first defined here");
                     b.diags.push(d);
                 }
@@ -80,7 +92,9 @@ fn closest<'a>(name: &str, candidates: impl Iterator<Item = &'a str>) -> Option<
         for (i, ca) in a.chars().enumerate() {
             let mut cur = vec![i + 1; b.len() + 1];
             for (j, cb) in b.iter().enumerate() {
-                cur[j + 1] = (prev[j] + usize::from(ca != *cb)).min(prev[j + 1] + 1).min(cur[j] + 1);
+                cur[j + 1] = (prev[j] + usize::from(ca != *cb))
+                    .min(prev[j + 1] + 1)
+                    .min(cur[j] + 1);
             }
             prev = cur;
         }
@@ -146,12 +160,18 @@ impl Builder {
                 continue;
             }
             if !is_dim_symbol(&bnd.name) && !is_axis_name(&bnd.name) {
-                let d = self.err(bnd.loc, "a binding names a dimension (upper case) or a parallel axis (lower case)");
+                let d = self.err(
+                    bnd.loc,
+                    "a binding names a dimension (upper case) or a parallel axis (lower case)",
+                );
                 self.push(d);
                 continue;
             }
             if is_axis_name(&bnd.name) && bnd.value == 0 {
-                let d = self.err(bnd.loc, format!("parallel axis `{}` needs an extent of at least 1", bnd.name));
+                let d = self.err(
+                    bnd.loc,
+                    format!("parallel axis `{}` needs an extent of at least 1", bnd.name),
+                );
                 self.push(d);
                 continue;
             }
@@ -174,7 +194,12 @@ impl Builder {
                 .collect(),
             in_reducer: false,
         };
-        self.statements(&mut scope, &f.stmts, f.name_loc, &format!("function `{}`", f.name));
+        self.statements(
+            &mut scope,
+            &f.stmts,
+            f.name_loc,
+            &format!("function `{}`", f.name),
+        );
         if self.diags[errors_before..].iter().any(|d| d.is_error()) {
             return None;
         }
@@ -229,11 +254,20 @@ impl Builder {
         }
     }
 
-    fn let_stmt(&mut self, scope: &mut Scope, name: &str, name_loc: Loc, annot: Option<&TypeAst>, expr: &Expr) {
+    fn let_stmt(
+        &mut self,
+        scope: &mut Scope,
+        name: &str,
+        name_loc: Loc,
+        annot: Option<&TypeAst>,
+        expr: &Expr,
+    ) {
         if !name.starts_with(|c: char| c.is_ascii_lowercase() || c == '_') || name.contains('.') {
             let d = self
                 .err(name_loc, format!("`{name}` is not a value name"))
-                .with_help("value names are lower/snake case; upper-case names are dimension symbols");
+                .with_help(
+                    "value names are lower/snake case; upper-case names are dimension symbols",
+                );
             self.push(d);
             return;
         }
@@ -333,23 +367,45 @@ impl Builder {
                         ("partition", [dim, axis]) => {
                             let idx = if let Ok(i) = dim.0.parse::<usize>() {
                                 if i >= shape.len() {
-                                    let d = self.err(dim.1, format!("dimension index {i} is out of range for rank {}", shape.len()));
+                                    let d = self.err(
+                                        dim.1,
+                                        format!(
+                                            "dimension index {i} is out of range for rank {}",
+                                            shape.len()
+                                        ),
+                                    );
                                     self.push(d);
                                     return None;
                                 }
                                 i
                             } else {
-                                let hits: Vec<usize> = (0..shape.len()).filter(|&i| shape[i].has_symbol(&dim.0)).collect();
+                                let hits: Vec<usize> = (0..shape.len())
+                                    .filter(|&i| shape[i].has_symbol(&dim.0))
+                                    .collect();
                                 match hits.as_slice() {
                                     [i] => *i,
                                     [] => {
-                                        let d = self.err(dim.1, format!("the shape {} has no dimension {}", shape_to_string(shape), dim.0));
+                                        let d = self.err(
+                                            dim.1,
+                                            format!(
+                                                "the shape {} has no dimension {}",
+                                                shape_to_string(shape),
+                                                dim.0
+                                            ),
+                                        );
                                         self.push(d);
                                         return None;
                                     }
                                     _ => {
                                         let d = self
-                                            .err(dim.1, format!("dimension {} is ambiguous in {}", dim.0, shape_to_string(shape)))
+                                            .err(
+                                                dim.1,
+                                                format!(
+                                                    "dimension {} is ambiguous in {}",
+                                                    dim.0,
+                                                    shape_to_string(shape)
+                                                ),
+                                            )
                                             .with_help("refer to the dimension by index");
                                         self.push(d);
                                         return None;
@@ -369,12 +425,18 @@ impl Builder {
                         }
                     };
                     if !is_axis_name(&axis.0) {
-                        let d = self.err(axis.1, format!("`{}` is not a parallel axis name (lower case)", axis.0));
+                        let d = self.err(
+                            axis.1,
+                            format!("`{}` is not a parallel axis name (lower case)", axis.0),
+                        );
                         self.push(d);
                         return None;
                     }
                     if par.0.insert(axis.0.clone(), kind).is_some() {
-                        let d = self.err(axis.1, format!("axis `{}` appears twice in the parallel state", axis.0));
+                        let d = self.err(
+                            axis.1,
+                            format!("axis `{}` appears twice in the parallel state", axis.0),
+                        );
                         self.push(d);
                         return None;
                     }
@@ -405,7 +467,9 @@ impl Builder {
             ExprAst::Name(n) if n == "nan" => Some(f64::NAN),
             ExprAst::Neg(inner) => self.literal_value(inner).map(|v| -v),
             _ => {
-                let d = self.err(e.loc, "expected a number").with_help("for example `0.5`, `-1e9` or `-inf`");
+                let d = self
+                    .err(e.loc, "expected a number")
+                    .with_help("for example `0.5`, `-1e9` or `-inf`");
                 self.push(d);
                 None
             }
@@ -464,7 +528,10 @@ impl Builder {
             }
             ExprAst::Input => {
                 let d = self
-                    .err(e.loc, "`input` must be the whole right-hand side of a statement")
+                    .err(
+                        e.loc,
+                        "`input` must be the whole right-hand side of a statement",
+                    )
                     .with_help("declare arguments as `x: tensor<…> = input`");
                 self.push(d);
                 None
@@ -475,7 +542,10 @@ impl Builder {
             }
             ExprAst::Angle(_) => {
                 let d = self
-                    .err(e.loc, "`<…>` tuple literals only appear in a reducer's `init`")
+                    .err(
+                        e.loc,
+                        "`<…>` tuple literals only appear in a reducer's `init`",
+                    )
                     .with_help("build tuples with `tuple(a, b)`");
                 self.push(d);
                 None
@@ -487,11 +557,25 @@ impl Builder {
                 brackets,
                 args,
                 attrs,
-            } => self.call(scope, e, op, *op_loc, brackets.as_deref(), args.as_deref(), attrs),
+            } => self.call(
+                scope,
+                e,
+                op,
+                *op_loc,
+                brackets.as_deref(),
+                args.as_deref(),
+                attrs,
+            ),
         }
     }
 
-    fn reduce(&mut self, scope: &mut Scope, e: &Expr, input: &Expr, attrs: &[Attr]) -> Option<NodeId> {
+    fn reduce(
+        &mut self,
+        scope: &mut Scope,
+        e: &Expr,
+        input: &Expr,
+        attrs: &[Attr],
+    ) -> Option<NodeId> {
         let x = self.expr(scope, input);
         let mut over = None;
         let mut reducer = None;
@@ -499,13 +583,19 @@ impl Builder {
         for a in attrs {
             match (a.key.as_str(), &a.value) {
                 ("axis", Some(v)) => over = Some(ReduceOver::Axis(self.dim_ref_attr(v, a.loc)?)),
-                ("parallel", Some(AttrValue::Word(w))) if is_axis_name(w) => over = Some(ReduceOver::Parallel(w.clone())),
+                ("parallel", Some(AttrValue::Word(w))) if is_axis_name(w) => {
+                    over = Some(ReduceOver::Parallel(w.clone()))
+                }
                 ("reducer", Some(AttrValue::Reducer(r))) => {
                     reducer = Some(match BuiltinReducer::parse(r) {
                         Some(b) => ReducerRef::Builtin(b),
                         None if self.reducer_names.contains_key(r) => ReducerRef::User(r.clone()),
                         None => {
-                            let known = self.reducer_names.keys().map(|s| s.as_str()).chain(["add", "mul", "max", "min"]);
+                            let known = self
+                                .reducer_names
+                                .keys()
+                                .map(|s| s.as_str())
+                                .chain(["add", "mul", "max", "min"]);
                             let mut d = self.err(a.loc, format!("unknown reducer `@{r}`"));
                             d = d.with_help(match closest(r, known) {
                                 Some(c) => format!("did you mean `@{c}`?"),
@@ -558,7 +648,10 @@ impl Builder {
             AttrValue::Int(i) => Some(DimRef::Index(*i as usize)),
             _ => {
                 let d = self
-                    .err(loc, "expected a dimension: an upper-case symbol or an index")
+                    .err(
+                        loc,
+                        "expected a dimension: an upper-case symbol or an index",
+                    )
                     .with_help("for example `axis=K` or `axis=0`");
                 self.push(d);
                 None
@@ -586,7 +679,9 @@ impl Builder {
             _ => {
                 let d = self
                     .err(arg.1, "expected a parallel axis name (lower case)")
-                    .with_help("parallel axes are lower case (`p`, `m`); dimensions are upper case (`K`)");
+                    .with_help(
+                        "parallel axes are lower case (`p`, `m`); dimensions are upper case (`K`)",
+                    );
                 self.push(d);
                 None
             }
@@ -604,7 +699,11 @@ impl Builder {
         args: Option<&[Expr]>,
         attrs: &[Attr],
     ) -> Option<NodeId> {
-        let canonical = OP_ALIASES.iter().find(|(a, _)| *a == op).map(|(_, c)| *c).unwrap_or(op);
+        let canonical = OP_ALIASES
+            .iter()
+            .find(|(a, _)| *a == op)
+            .map(|(_, c)| *c)
+            .unwrap_or(op);
         let is_known = all_op_names().contains(&canonical);
         if !is_known {
             let mut d = self.err(op_loc, format!("unknown operation `{op}`"));
@@ -625,23 +724,25 @@ impl Builder {
             }
         }
         let no_parens = matches!(canonical, "fill" | "iota");
-        let (want_args, want_brackets, allowed_attrs): (Option<usize>, usize, &[&str]) = match canonical {
-            "select" => (Some(3), 0, &[]),
-            "tuple" => (None, 0, &[]),
-            "get" | "partition" | "combination" | "replicate" | "collection" | "transpose" | "reshape" | "broadcast" => {
-                let nb = match canonical {
-                    "partition" | "combination" => 2,
-                    "transpose" => usize::MAX, // any count, checked below
-                    _ => 1,
-                };
-                (Some(1), nb, &[])
-            }
-            "cast" => (Some(1), 0, &["to"]),
-            "matmul" | "tile_matmul" => (Some(2), 0, &["acc"]),
-            "fill" | "iota" => (Some(0), 1, &[]),
-            _ if UNARY_OPS.iter().any(|(n, _)| *n == canonical) => (Some(1), 0, &[]),
-            _ => (Some(2), 0, &[]),
-        };
+        let (want_args, want_brackets, allowed_attrs): (Option<usize>, usize, &[&str]) =
+            match canonical {
+                "select" => (Some(3), 0, &[]),
+                "tuple" => (None, 0, &[]),
+                "get" | "partition" | "combination" | "replicate" | "collection" | "transpose"
+                | "reshape" | "broadcast" => {
+                    let nb = match canonical {
+                        "partition" | "combination" => 2,
+                        "transpose" => usize::MAX, // any count, checked below
+                        _ => 1,
+                    };
+                    (Some(1), nb, &[])
+                }
+                "cast" => (Some(1), 0, &["to"]),
+                "matmul" | "tile_matmul" => (Some(2), 0, &["acc"]),
+                "fill" | "iota" => (Some(0), 1, &[]),
+                _ if UNARY_OPS.iter().any(|(n, _)| *n == canonical) => (Some(1), 0, &[]),
+                _ => (Some(2), 0, &[]),
+            };
         if no_parens && args.is_some() {
             let d = self
                 .err(e.loc, format!("`{canonical}` takes no operands"))
@@ -650,15 +751,23 @@ impl Builder {
             return None;
         }
         if !no_parens && args.is_none() {
-            let d = self.err(e.loc, format!("`{canonical}` needs operands in parentheses"));
+            let d = self.err(
+                e.loc,
+                format!("`{canonical}` needs operands in parentheses"),
+            );
             self.push(d);
             return None;
         }
         let nargs = args.map(|a| a.len()).unwrap_or(0);
         match want_args {
             Some(n) if n != nargs => {
-                let d = self
-                    .err(e.loc, format!("`{canonical}` takes {n} operand{}, got {nargs}", if n == 1 { "" } else { "s" }));
+                let d = self.err(
+                    e.loc,
+                    format!(
+                        "`{canonical}` takes {n} operand{}, got {nargs}",
+                        if n == 1 { "" } else { "s" }
+                    ),
+                );
                 self.push(d);
                 return None;
             }
@@ -670,12 +779,21 @@ impl Builder {
             _ => {}
         }
         let brackets = brackets.unwrap_or(&[]);
-        if want_brackets != usize::MAX && brackets.len() != want_brackets && !(canonical == "cast" && brackets.len() == 1) {
+        if want_brackets != usize::MAX
+            && brackets.len() != want_brackets
+            && !(canonical == "cast" && brackets.len() == 1)
+        {
             let d = if want_brackets == 0 {
                 self.err(e.loc, format!("`{canonical}` takes no `[…]` arguments"))
             } else {
-                self.err(e.loc, format!("`{canonical}` takes {want_brackets} `[…]` argument(s), got {}", brackets.len()))
-                    .with_help(bracket_help(canonical))
+                self.err(
+                    e.loc,
+                    format!(
+                        "`{canonical}` takes {want_brackets} `[…]` argument(s), got {}",
+                        brackets.len()
+                    ),
+                )
+                .with_help(bracket_help(canonical))
             };
             self.push(d);
             return None;
@@ -723,7 +841,10 @@ impl Builder {
                     BracketArg::Int(i) => FieldRef::Index(*i as usize),
                     BracketArg::Word(w) if is_axis_name(w) => FieldRef::Name(w.clone()),
                     _ => {
-                        let d = self.err(brackets[0].1, "expected a field index or a reducer state-field name");
+                        let d = self.err(
+                            brackets[0].1,
+                            "expected a field index or a reducer state-field name",
+                        );
                         self.push(d);
                         return None;
                     }
@@ -762,15 +883,26 @@ impl Builder {
                 };
                 ExprKind::Cast(to, x?)
             }
-            "matmul" => ExprKind::MatMul { a: operands[0], b: operands[1], acc },
-            "tile_matmul" => ExprKind::TileMatMul { a: operands[0], b: operands[1], acc },
+            "matmul" => ExprKind::MatMul {
+                a: operands[0],
+                b: operands[1],
+                acc,
+            },
+            "tile_matmul" => ExprKind::TileMatMul {
+                a: operands[0],
+                b: operands[1],
+                acc,
+            },
             "transpose" => {
                 let mut perm = Vec::new();
                 for b in brackets {
                     match b.0 {
                         BracketArg::Int(i) => perm.push(i as usize),
                         _ => {
-                            let d = self.err(b.1, "transpose takes a permutation of dimension indices, like `[1,0]`");
+                            let d = self.err(
+                                b.1,
+                                "transpose takes a permutation of dimension indices, like `[1,0]`",
+                            );
                             self.push(d);
                             return None;
                         }
@@ -856,7 +988,10 @@ impl Builder {
             return None;
         };
         if r.init_key.0 != "init" {
-            let d = self.err(r.init_key.1, format!("expected `init`, found `{}`", r.init_key.0));
+            let d = self.err(
+                r.init_key.1,
+                format!("expected `init`, found `{}`", r.init_key.0),
+            );
             self.push(d);
             return None;
         }
@@ -867,7 +1002,11 @@ impl Builder {
         if init.len() != state.len() {
             let d = self.err(
                 r.init_key.1,
-                format!("`init` has {} value(s) but the state has {} field(s)", init.len(), state.len()),
+                format!(
+                    "`init` has {} value(s) but the state has {} field(s)",
+                    init.len(),
+                    state.len()
+                ),
             );
             self.push(d);
             return None;
@@ -899,13 +1038,21 @@ impl Builder {
             scope.body.params.push(id);
             scope.names.insert(name.clone(), (id, *loc));
         }
-        self.statements(&mut scope, &r.stmts, r.name_loc, &format!("reducer `@{}`", r.name));
+        self.statements(
+            &mut scope,
+            &r.stmts,
+            r.name_loc,
+            &format!("reducer `@{}`", r.name),
+        );
         if self.diags[errors_before..].iter().any(|d| d.is_error()) {
             return None;
         }
         if scope.body.results.len() != 1 {
             let d = self
-                .err(r.name_loc, "a reducer returns exactly one value: the new state")
+                .err(
+                    r.name_loc,
+                    "a reducer returns exactly one value: the new state",
+                )
                 .with_help("return `tuple(a, b)` for a tuple state");
             self.push(d);
             return None;

@@ -57,7 +57,9 @@ impl<'a> Lexer<'a> {
     fn shape_expected(&self) -> Option<char> {
         match (&self.before_last, &self.last) {
             (Some(Tok::KwTensor), Some(Tok::Lt)) => Some('>'),
-            (Some(Tok::Ident(op)), Some(Tok::LBracket)) if op == "reshape" || op == "broadcast" => Some(']'),
+            (Some(Tok::Ident(op)), Some(Tok::LBracket)) if op == "reshape" || op == "broadcast" => {
+                Some(']')
+            }
             _ => None,
         }
     }
@@ -92,7 +94,9 @@ fn shape_segment_len(s: &str, close: char) -> usize {
                 // A `|` that does not open an extent ends the shape (the dtype's state bar).
                 if in_extent {
                     in_extent = false;
-                } else if s[i + 1..].starts_with(|ch: char| ch.is_ascii_lowercase()) && i_is_dim_start(s, i) {
+                } else if s[i + 1..].starts_with(|ch: char| ch.is_ascii_lowercase())
+                    && i_is_dim_start(s, i)
+                {
                     in_extent = true;
                 } else {
                     return i;
@@ -126,8 +130,15 @@ pub fn parse_shape(seg: &str, offset: usize) -> Result<Vec<Dim>, LexError> {
     let mut i = 0;
     let mut dims = Vec::new();
     let err = |at: usize, msg: &str| {
-        let mut e = LexError::new(offset + at, offset + (at + 1).min(seg.len().max(at + 1)), msg.to_string());
-        e.help = Some("a shape is dimensions separated by `x`: `QxK`, `4096x128`, `|p|xM` or `Qx(K/p)`".into());
+        let mut e = LexError::new(
+            offset + at,
+            offset + (at + 1).min(seg.len().max(at + 1)),
+            msg.to_string(),
+        );
+        e.help = Some(
+            "a shape is dimensions separated by `x`: `QxK`, `4096x128`, `|p|xM` or `Qx(K/p)`"
+                .into(),
+        );
         e
     };
     let skip_ws = |i: &mut usize| {
@@ -138,7 +149,11 @@ pub fn parse_shape(seg: &str, offset: usize) -> Result<Vec<Dim>, LexError> {
     let axis = |i: &mut usize| -> Option<String> {
         let s = *i;
         if *i < bytes.len() && bytes[*i].is_ascii_lowercase() {
-            while *i < bytes.len() && (bytes[*i].is_ascii_lowercase() || bytes[*i].is_ascii_digit() || bytes[*i] == b'_') {
+            while *i < bytes.len()
+                && (bytes[*i].is_ascii_lowercase()
+                    || bytes[*i].is_ascii_digit()
+                    || bytes[*i] == b'_')
+            {
                 *i += 1;
             }
             Some(seg[s..*i].to_string())
@@ -155,7 +170,9 @@ pub fn parse_shape(seg: &str, offset: usize) -> Result<Vec<Dim>, LexError> {
         }
         let start = i;
         let base = if i < bytes.len() && bytes[i].is_ascii_uppercase() {
-            while i < bytes.len() && (bytes[i].is_ascii_uppercase() || bytes[i].is_ascii_digit() || bytes[i] == b'_') {
+            while i < bytes.len()
+                && (bytes[i].is_ascii_uppercase() || bytes[i].is_ascii_digit() || bytes[i] == b'_')
+            {
                 i += 1;
             }
             DimBase::Sym(seg[start..i].to_string())
@@ -178,7 +195,10 @@ pub fn parse_shape(seg: &str, offset: usize) -> Result<Vec<Dim>, LexError> {
             i += 1;
             DimBase::Extent(a)
         } else {
-            return Err(err(i, "expected a dimension (an upper-case symbol, an integer or `|axis|`)"));
+            return Err(err(
+                i,
+                "expected a dimension (an upper-case symbol, an integer or `|axis|`)",
+            ));
         };
         let mut splits = Vec::new();
         if parenthesized {
@@ -196,7 +216,10 @@ pub fn parse_shape(seg: &str, offset: usize) -> Result<Vec<Dim>, LexError> {
                 }
             }
             if i >= bytes.len() || bytes[i] != b')' {
-                return Err(err(i, "expected `/axis` or `)` in a tile dimension like `(K/p)`"));
+                return Err(err(
+                    i,
+                    "expected `/axis` or `)` in a tile dimension like `(K/p)`",
+                ));
             }
             i += 1;
         }
@@ -262,8 +285,14 @@ impl Iterator for Lexer<'_> {
                     self.depth += 1;
                     if self.depth > MAX_NESTING {
                         self.failed = true;
-                        let mut e = LexError::new(span.start, span.end, format!("brackets nest deeper than {MAX_NESTING} levels"));
-                        e.help = Some("name intermediate values with statements instead of nesting".into());
+                        let mut e = LexError::new(
+                            span.start,
+                            span.end,
+                            format!("brackets nest deeper than {MAX_NESTING} levels"),
+                        );
+                        e.help = Some(
+                            "name intermediate values with statements instead of nesting".into(),
+                        );
                         return Some(Err(e));
                     }
                 }
@@ -276,7 +305,11 @@ impl Iterator for Lexer<'_> {
                 }
                 Tok::Float(ref s) if !s.parse::<f64>().is_ok_and(f64::is_finite) => {
                     self.failed = true;
-                    let mut e = LexError::new(span.start, span.end, "floating-point literal is out of range");
+                    let mut e = LexError::new(
+                        span.start,
+                        span.end,
+                        "floating-point literal is out of range",
+                    );
                     e.help = Some("write `inf` or `-inf` for infinities".into());
                     return Some(Err(e));
                 }
@@ -294,7 +327,9 @@ mod tests {
     use super::*;
 
     fn toks(s: &str) -> Vec<Tok> {
-        Lexer::new(s).map(|r| r.map(|(_, t, _)| t).unwrap_or(Tok::Comma)).collect()
+        Lexer::new(s)
+            .map(|r| r.map(|(_, t, _)| t).unwrap_or(Tok::Comma))
+            .collect()
     }
 
     #[test]
@@ -304,7 +339,14 @@ mod tests {
         let t = toks("tensor<4096x128,bf16>");
         assert_eq!(t[2], Tok::Shape(vec![Dim::lit(4096), Dim::lit(128)]));
         let t = toks("tensor<|p|xQx(K/p), f32 | partial(q)>");
-        assert_eq!(t[2], Tok::Shape(vec![Dim::extent("p"), Dim::sym("Q"), Dim::sym("K").split_by("p")]));
+        assert_eq!(
+            t[2],
+            Tok::Shape(vec![
+                Dim::extent("p"),
+                Dim::sym("Q"),
+                Dim::sym("K").split_by("p")
+            ])
+        );
         let t = toks("tensor<f32>");
         assert_eq!(t[2], Tok::Ident("f32".into()));
     }

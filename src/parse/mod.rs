@@ -5,7 +5,13 @@ pub mod ast;
 mod build;
 pub mod lexer;
 
-#[allow(clippy::all, clippy::pedantic, unused_parens, unused_variables, dead_code)]
+#[allow(
+    clippy::all,
+    clippy::pedantic,
+    unused_parens,
+    unused_variables,
+    dead_code
+)]
 mod grammar {
     include!(concat!(env!("OUT_DIR"), "/parse/grammar.rs"));
 }
@@ -18,9 +24,14 @@ use lalrpop_util::ParseError;
 /// All diagnostics are returned; the module is only returned when there are no errors.
 pub fn parse_module(text: &str, source: u32) -> Result<Module, Vec<Diagnostic>> {
     if text.trim().is_empty() {
-        return Err(vec![Diagnostic::error(Span::new(source, 0, 0), "empty input: expected a `func` or `reducer` definition")
-            .with_label("nothing to parse here")
-            .with_help("a module holds definitions such as `func f where N = 4 { … }`")]);
+        return Err(vec![Diagnostic::error(
+            Span::new(source, 0, 0),
+            "empty input: expected a `func` or `reducer` definition",
+        )
+        .with_label("nothing to parse here")
+        .with_help(
+            "a module holds definitions such as `func f where N = 4 { … }`",
+        )]);
     }
     let lexer = lexer::Lexer::new(text);
     let items = grammar::ModuleParser::new()
@@ -81,7 +92,9 @@ fn expected_list(expected: &[String]) -> String {
             let t = e.trim_matches('"');
             match t {
                 "newline" => "end of line".to_string(),
-                "identifier" | "integer" | "float" | "shape" | "@reducer" | "%class" => t.replace('@', "").to_string(),
+                "identifier" | "integer" | "float" | "shape" | "@reducer" | "%class" => {
+                    t.replace('@', "").to_string()
+                }
                 _ => format!("`{t}`"),
             }
         })
@@ -95,7 +108,11 @@ fn expected_list(expected: &[String]) -> String {
     names.join(", ")
 }
 
-fn syntax_error(err: ParseError<usize, ast::Tok, lexer::LexError>, text: &str, source: u32) -> Diagnostic {
+fn syntax_error(
+    err: ParseError<usize, ast::Tok, lexer::LexError>,
+    text: &str,
+    source: u32,
+) -> Diagnostic {
     match err {
         ParseError::InvalidToken { location } => {
             Diagnostic::error(Span::new(source, location, location + 1), "invalid token")
@@ -106,17 +123,30 @@ fn syntax_error(err: ParseError<usize, ast::Tok, lexer::LexError>, text: &str, s
                 .with_label(format!("expected one of {}", expected_list(&expected)))
                 .with_help("is a closing `}` or `)` missing?")
         }
-        ParseError::UnrecognizedToken { token: (l, tok, r), expected } => {
-            let mut d = Diagnostic::error(Span::new(source, l, r), format!("unexpected {}", token_text(&tok)))
-                .with_label(format!("expected one of {}", expected_list(&expected)));
+        ParseError::UnrecognizedToken {
+            token: (l, tok, r),
+            expected,
+        } => {
+            let mut d = Diagnostic::error(
+                Span::new(source, l, r),
+                format!("unexpected {}", token_text(&tok)),
+            )
+            .with_label(format!("expected one of {}", expected_list(&expected)));
             d.help = syntax_hint(&tok, &expected);
             d
         }
-        ParseError::ExtraToken { token: (l, tok, r) } => {
-            Diagnostic::error(Span::new(source, l, r), format!("unexpected {} after the end of the module", token_text(&tok)))
-        }
+        ParseError::ExtraToken { token: (l, tok, r) } => Diagnostic::error(
+            Span::new(source, l, r),
+            format!(
+                "unexpected {} after the end of the module",
+                token_text(&tok)
+            ),
+        ),
         ParseError::User { error } => {
-            let mut d = Diagnostic::error(Span::new(source, error.start, error.end), error.message.clone());
+            let mut d = Diagnostic::error(
+                Span::new(source, error.start, error.end),
+                error.message.clone(),
+            );
             d.help = error.help;
             d
         }
@@ -127,12 +157,19 @@ fn syntax_hint(tok: &ast::Tok, expected: &[String]) -> Option<String> {
     use ast::Tok;
     let expects = |s: &str| expected.iter().any(|e| e.trim_matches('"') == s);
     match tok {
-        Tok::Newline if expects(")") || expects("]") => Some("a bracket is not closed on this line".into()),
-        Tok::Newline if expects("=") => Some("a statement is `name = expression` or `name: type = expression`".into()),
-        Tok::Ident(s) if s == "x" || s.starts_with('x') => {
-            Some("shapes are written inside `tensor<…>` as `QxK`; dimension symbols are upper case".into())
+        Tok::Newline if expects(")") || expects("]") => {
+            Some("a bracket is not closed on this line".into())
         }
-        Tok::Lt | Tok::Gt => Some("comparisons are written as functions: `less(a, b)`, `greater_equal(a, b)`".into()),
+        Tok::Newline if expects("=") => {
+            Some("a statement is `name = expression` or `name: type = expression`".into())
+        }
+        Tok::Ident(s) if s == "x" || s.starts_with('x') => Some(
+            "shapes are written inside `tensor<…>` as `QxK`; dimension symbols are upper case"
+                .into(),
+        ),
+        Tok::Lt | Tok::Gt => {
+            Some("comparisons are written as functions: `less(a, b)`, `greater_equal(a, b)`".into())
+        }
         _ if expects("newline") => Some("each statement goes on its own line".into()),
         _ => None,
     }

@@ -37,7 +37,8 @@ pub fn interpret_info() -> PassInfo {
             name: "print",
             kind: OptionKind::Choice(&["summary", "values"]),
             default: "summary",
-            help: "print a summary (shape, min, max, mean, L2) or every value (up to 256 per result)",
+            help:
+                "print a summary (shape, min, max, mean, L2) or every value (up to 256 per result)",
         },
         OptionInfo {
             name: "scale",
@@ -124,8 +125,15 @@ impl Settings {
     }
 }
 
-fn run_function(module: &Module, f: &Function, sizes: Sizes, inputs: &[Value]) -> Result<Vec<Value>, Vec<Diagnostic>> {
-    Interpreter::new(module, sizes).run(f, inputs).map_err(|e| vec![e.into_diagnostic()])
+fn run_function(
+    module: &Module,
+    f: &Function,
+    sizes: Sizes,
+    inputs: &[Value],
+) -> Result<Vec<Value>, Vec<Diagnostic>> {
+    Interpreter::new(module, sizes)
+        .run(f, inputs)
+        .map_err(|e| vec![e.into_diagnostic()])
 }
 
 fn fmt_f32(v: f32) -> String {
@@ -147,29 +155,50 @@ impl Pass for InterpretPass {
         let start = Instant::now();
         for f in &module.funcs {
             let sizes = self.settings.sizes(f);
-            let inputs = random_inputs(f, &sizes, seed, self.settings.scale).map_err(|e| vec![e.into_diagnostic()])?;
+            let inputs = random_inputs(f, &sizes, seed, self.settings.scale)
+                .map_err(|e| vec![e.into_diagnostic()])?;
             let results = run_function(module, f, sizes, &inputs)?;
             for (i, r) in results.iter().enumerate() {
                 for (j, (dtype, t)) in r.leaves().into_iter().enumerate() {
-                    let field = if matches!(r, Value::Tuple(_)) { format!(".{j}") } else { String::new() };
-                    let head = format!("// interpret @{} result {i}{field}: {dtype} {:?}", f.name, t.shape);
+                    let field = if matches!(r, Value::Tuple(_)) {
+                        format!(".{j}")
+                    } else {
+                        String::new()
+                    };
+                    let head = format!(
+                        "// interpret @{} result {i}{field}: {dtype} {:?}",
+                        f.name, t.shape
+                    );
                     if self.values {
-                        let shown: Vec<String> = t.data.iter().take(256).map(|v| fmt_f32(*v)).collect();
+                        let shown: Vec<String> =
+                            t.data.iter().take(256).map(|v| fmt_f32(*v)).collect();
                         let more = if t.data.len() > 256 { ", …" } else { "" };
-                        cx.report.push(format!("{head} = [{}{more}]", shown.join(", ")));
+                        cx.report
+                            .push(format!("{head} = [{}{more}]", shown.join(", ")));
                     } else {
                         let n = t.data.len().max(1) as f64;
                         let min = t.data.iter().copied().fold(f32::INFINITY, f32::min);
                         let max = t.data.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                         let mean = t.data.iter().map(|v| *v as f64).sum::<f64>() / n;
-                        let l2 = t.data.iter().map(|v| (*v as f64).powi(2)).sum::<f64>().sqrt();
-                        cx.report.push(format!("{head} min={min:.6e} max={max:.6e} mean={mean:.6e} l2={l2:.6e}"));
+                        let l2 = t
+                            .data
+                            .iter()
+                            .map(|v| (*v as f64).powi(2))
+                            .sum::<f64>()
+                            .sqrt();
+                        cx.report.push(format!(
+                            "{head} min={min:.6e} max={max:.6e} mean={mean:.6e} l2={l2:.6e}"
+                        ));
                     }
                 }
             }
         }
-        cx.counters.insert("functions".into(), module.funcs.len().into());
-        cx.counters.insert("interp_ms".into(), (start.elapsed().as_secs_f64() * 1e3).into());
+        cx.counters
+            .insert("functions".into(), module.funcs.len().into());
+        cx.counters.insert(
+            "interp_ms".into(),
+            (start.elapsed().as_secs_f64() * 1e3).into(),
+        );
         Ok(())
     }
 }
@@ -194,17 +223,26 @@ fn find_reference<'a>(reference: &'a Module, f: &Function) -> Option<&'a Functio
 
 impl CheckPass {
     fn load_reference(&self, cx: &mut PassContext) -> Result<Option<Module>, Vec<Diagnostic>> {
-        let Some(path) = &self.against else { return Ok(None) };
-        let full = if std::path::Path::new(path).is_absolute() || std::path::Path::new(path).exists() {
-            std::path::PathBuf::from(path)
-        } else {
-            cx.base_dir.join(path)
+        let Some(path) = &self.against else {
+            return Ok(None);
         };
+        let full =
+            if std::path::Path::new(path).is_absolute() || std::path::Path::new(path).exists() {
+                std::path::PathBuf::from(path)
+            } else {
+                cx.base_dir.join(path)
+            };
         let bytes = std::fs::read(&full).map_err(|e| {
-            vec![Diagnostic::global(Severity::Error, format!("check: cannot read reference `{}`: {e}", full.display()))]
+            vec![Diagnostic::global(
+                Severity::Error,
+                format!("check: cannot read reference `{}`: {e}", full.display()),
+            )]
         })?;
         let text = String::from_utf8(bytes).map_err(|_| {
-            vec![Diagnostic::global(Severity::Error, format!("check: reference `{}` is not valid UTF-8", full.display()))]
+            vec![Diagnostic::global(
+                Severity::Error,
+                format!("check: reference `{}` is not valid UTF-8", full.display()),
+            )]
         })?;
         let id = cx.sources.add(full.display().to_string(), text.clone());
         let mut m = crate::parse::parse_module(&text, id)?;
@@ -228,14 +266,23 @@ impl Pass for CheckPass {
         for f in &module.funcs {
             let Some(r) = find_reference(reference, f) else {
                 errors.push(
-                    Diagnostic::error(f.name_span, format!("no reference function for `{}`", f.name))
-                        .with_help("the reference needs a function of the same name, or a single function"),
+                    Diagnostic::error(
+                        f.name_span,
+                        format!("no reference function for `{}`", f.name),
+                    )
+                    .with_help(
+                        "the reference needs a function of the same name, or a single function",
+                    ),
                 );
                 continue;
             };
             match self.compare(module, f, reference, r, seed) {
                 Ok(errs) => {
-                    let line: Vec<String> = errs.iter().enumerate().map(|(i, e)| format!("result {i}: {e:.3e}")).collect();
+                    let line: Vec<String> = errs
+                        .iter()
+                        .enumerate()
+                        .map(|(i, e)| format!("result {i}: {e:.3e}"))
+                        .collect();
                     let max = errs.iter().copied().fold(0.0, f64::max);
                     worst = worst.max(max);
                     let verdict = if max <= self.tol { "ok" } else { "FAILED" };
@@ -265,7 +312,8 @@ impl Pass for CheckPass {
             }
         }
         cx.report.extend(reports);
-        cx.counters.insert("functions_checked".into(), module.funcs.len().into());
+        cx.counters
+            .insert("functions_checked".into(), module.funcs.len().into());
         cx.counters.insert("max_relative_l2".into(), worst.into());
         if errors.is_empty() {
             Ok(())
@@ -276,11 +324,24 @@ impl Pass for CheckPass {
 }
 
 impl CheckPass {
-    fn compare(&self, module: &Module, f: &Function, reference: &Module, r: &Function, seed: u64) -> Result<Vec<f64>, Vec<Diagnostic>> {
+    fn compare(
+        &self,
+        module: &Module,
+        f: &Function,
+        reference: &Module,
+        r: &Function,
+        seed: u64,
+    ) -> Result<Vec<f64>, Vec<Diagnostic>> {
         if f.body.params.len() != r.body.params.len() {
             return Err(vec![Diagnostic::error(
                 f.name_span,
-                format!("`{}` takes {} inputs but reference `{}` takes {}", f.name, f.body.params.len(), r.name, r.body.params.len()),
+                format!(
+                    "`{}` takes {} inputs but reference `{}` takes {}",
+                    f.name,
+                    f.body.params.len(),
+                    r.name,
+                    r.body.params.len()
+                ),
             )
             .with_note(Some(r.name_span), "reference function")]);
         }
@@ -290,7 +351,11 @@ impl CheckPass {
                 let show = |t: &Option<Type>| t.as_ref().map(|t| t.to_string()).unwrap_or_default();
                 return Err(vec![Diagnostic::error(
                     f.body.node(*a).span,
-                    format!("input {i} has type {} but the reference's has {}", show(ta), show(tb)),
+                    format!(
+                        "input {i} has type {} but the reference's has {}",
+                        show(ta),
+                        show(tb)
+                    ),
                 )
                 .with_note(Some(r.body.node(*b).span), "reference input")]);
             }
@@ -303,22 +368,35 @@ impl CheckPass {
                 rsizes.0.insert(b.name.clone(), b.value);
             }
         }
-        let inputs = random_inputs(r, &rsizes, seed, self.settings.scale).map_err(|e| vec![e.into_diagnostic()])?;
+        let inputs = random_inputs(r, &rsizes, seed, self.settings.scale)
+            .map_err(|e| vec![e.into_diagnostic()])?;
         let want = run_function(reference, r, rsizes, &inputs)?;
         let got = run_function(module, f, fsizes, &inputs)?;
         if want.len() != got.len() {
             return Err(vec![Diagnostic::error(
                 f.name_span,
-                format!("`{}` returns {} results but the reference returns {}", f.name, got.len(), want.len()),
+                format!(
+                    "`{}` returns {} results but the reference returns {}",
+                    f.name,
+                    got.len(),
+                    want.len()
+                ),
             )]);
         }
         let mut errs = Vec::new();
         for (g, w) in got.iter().zip(&want) {
             let (gl, wl) = (g.leaves(), w.leaves());
             if gl.len() != wl.len() {
-                return Err(vec![Diagnostic::error(f.name_span, "result structure differs from the reference")]);
+                return Err(vec![Diagnostic::error(
+                    f.name_span,
+                    "result structure differs from the reference",
+                )]);
             }
-            let e = gl.iter().zip(&wl).map(|((_, a), (_, b))| relative_l2(a, b)).fold(0.0, f64::max);
+            let e = gl
+                .iter()
+                .zip(&wl)
+                .map(|((_, a), (_, b))| relative_l2(a, b))
+                .fold(0.0, f64::max);
             errs.push(e);
         }
         Ok(errs)

@@ -61,7 +61,12 @@ impl PassOptions {
         self.0
             .get(name)
             .map(|s| s.as_str())
-            .or_else(|| info.options.iter().find(|o| o.name == name).map(|o| o.default))
+            .or_else(|| {
+                info.options
+                    .iter()
+                    .find(|o| o.name == name)
+                    .map(|o| o.default)
+            })
             .unwrap_or("")
     }
 }
@@ -82,7 +87,10 @@ pub fn check_option(kind: OptionKind, value: &str) -> Result<(), String> {
             .filter(|v| v.is_finite() && *v >= 0.0)
             .map(|_| ())
             .ok_or_else(|| format!("expected a non-negative number, found `{value}`")),
-        OptionKind::Int => value.parse::<u64>().map(|_| ()).map_err(|_| format!("expected an integer, found `{value}`")),
+        OptionKind::Int => value
+            .parse::<u64>()
+            .map(|_| ())
+            .map_err(|_| format!("expected an integer, found `{value}`")),
         OptionKind::Path => {
             if value.is_empty() {
                 Err("expected a file path".into())
@@ -99,7 +107,10 @@ pub fn check_option(kind: OptionKind, value: &str) -> Result<(), String> {
             if choices.contains(&value) {
                 Ok(())
             } else {
-                Err(format!("expected one of {}, found `{value}`", choices.join(", ")))
+                Err(format!(
+                    "expected one of {}, found `{value}`",
+                    choices.join(", ")
+                ))
             }
         }
     }
@@ -111,8 +122,12 @@ pub fn parse_extents(value: &str) -> Result<Vec<(String, u64)>, String> {
         .split(',')
         .filter(|s| !s.is_empty())
         .map(|pair| {
-            let (a, e) = pair.split_once(':').ok_or_else(|| format!("expected `axis:extent`, found `{pair}`"))?;
-            let e: u64 = e.parse().map_err(|_| format!("extent `{e}` is not an integer"))?;
+            let (a, e) = pair
+                .split_once(':')
+                .ok_or_else(|| format!("expected `axis:extent`, found `{pair}`"))?;
+            let e: u64 = e
+                .parse()
+                .map_err(|_| format!("extent `{e}` is not an integer"))?;
             if e == 0 || !crate::ir::is_axis_name(a) && !crate::ir::is_dim_symbol(a) {
                 return Err(format!("bad size binding `{pair}`"));
             }
@@ -144,7 +159,8 @@ impl Pass for VerifyPass {
     fn run(&mut self, module: &mut Module, cx: &mut PassContext) -> Result<(), Vec<Diagnostic>> {
         verify::verify_module(module)?;
         let nodes: usize = module.funcs.iter().map(|f| f.body.nodes.len()).sum();
-        cx.counters.insert("functions".into(), module.funcs.len().into());
+        cx.counters
+            .insert("functions".into(), module.funcs.len().into());
         cx.counters.insert("nodes".into(), nodes.into());
         Ok(())
     }

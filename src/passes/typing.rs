@@ -53,7 +53,7 @@ fn err<T>(msg: impl Into<String>) -> TResult<T> {
 /// reducer instantiations (a reducer is typed per use, like a template).
 pub struct TypeEnv<'m> {
     reducers: &'m [ReducerDef],
-    cache: RefCell<HashMap<(String, Vec<Type>), TResult<Type>>>,
+    cache: RefCell<HashMap<(String, Vec<Type>), TResult<(Type, Vec<Type>)>>>,
     active: RefCell<Vec<String>>,
 }
 
@@ -74,7 +74,8 @@ impl<'m> TypeEnv<'m> {
 pub fn tensor(t: &Type) -> TResult<&TensorType> {
     match t {
         Type::Tensor(t) => Ok(t),
-        Type::Tuple(_) => err("expected a tensor operand, found a tuple").map_err(|e| e.help("select a field with `get[i](…)`")),
+        Type::Tuple(_) => err("expected a tensor operand, found a tuple")
+            .map_err(|e| e.help("select a field with `get[i](…)`")),
     }
 }
 
@@ -85,16 +86,27 @@ pub fn resolve_dim(shape: &[Dim], d: &DimRef) -> TResult<usize> {
             if *i < shape.len() {
                 Ok(*i)
             } else {
-                err(format!("dimension index {i} is out of range for shape {}", shape_text(shape)))
+                err(format!(
+                    "dimension index {i} is out of range for shape {}",
+                    shape_text(shape)
+                ))
             }
         }
         DimRef::Name(n) => {
-            let hits: Vec<usize> = (0..shape.len()).filter(|&i| shape[i].has_symbol(n)).collect();
+            let hits: Vec<usize> = (0..shape.len())
+                .filter(|&i| shape[i].has_symbol(n))
+                .collect();
             match hits.as_slice() {
                 [i] => Ok(*i),
-                [] => err(format!("the operand has no dimension {n}; its shape is {}", shape_text(shape))),
-                _ => Err(TypeError::new(format!("dimension {n} is ambiguous in shape {}", shape_text(shape)))
-                    .help("refer to the dimension by index")),
+                [] => err(format!(
+                    "the operand has no dimension {n}; its shape is {}",
+                    shape_text(shape)
+                )),
+                _ => Err(TypeError::new(format!(
+                    "dimension {n} is ambiguous in shape {}",
+                    shape_text(shape)
+                ))
+                .help("refer to the dimension by index")),
             }
         }
     }
@@ -140,13 +152,17 @@ fn broadcast_shapes(shapes: &[&[Dim]]) -> TResult<Vec<Dim>> {
                 None => dim = Some(d),
                 Some(cur) if cur == d || d.is_one() => {}
                 Some(cur) if cur.is_one() => dim = Some(d),
-                Some(cur) => {
-                    return Err(TypeError::new(format!(
-                        "shapes {} do not broadcast: dimension {cur} against {d}",
-                        shapes.iter().map(|s| shape_text(s)).collect::<Vec<_>>().join(" and ")
-                    ))
-                    .help("operands broadcast numpy-style from the right; a dimension must match or be 1"))
-                }
+                Some(cur) => return Err(TypeError::new(format!(
+                    "shapes {} do not broadcast: dimension {cur} against {d}",
+                    shapes
+                        .iter()
+                        .map(|s| shape_text(s))
+                        .collect::<Vec<_>>()
+                        .join(" and ")
+                ))
+                .help(
+                    "operands broadcast numpy-style from the right; a dimension must match or be 1",
+                )),
             }
         }
         out.push(dim.cloned().unwrap_or_else(|| Dim::lit(1)));
@@ -182,7 +198,9 @@ fn merge_states(ops: &[&TensorType], out: &[Dim]) -> TResult<ParState> {
             let k = match k {
                 ParKind::Partition(d) => {
                     if t.shape[d].is_one() && !out[d + off].is_one() {
-                        return err(format!("a size-1 dimension cannot be partitioned along `{axis}` and broadcast"));
+                        return err(format!(
+                            "a size-1 dimension cannot be partitioned along `{axis}` and broadcast"
+                        ));
                     }
                     ParKind::Partition(d + off)
                 }
@@ -191,13 +209,15 @@ fn merge_states(ops: &[&TensorType], out: &[Dim]) -> TResult<ParState> {
             merged = Some(match (merged, k) {
                 (None, k) => k,
                 (Some(a), b) if a == b => a,
-                (Some(ParKind::Replicate), ParKind::Partial) | (Some(ParKind::Partial), ParKind::Replicate) => ParKind::Partial,
-                (Some(ParKind::Replicate), ParKind::Partition(d)) | (Some(ParKind::Partition(d)), ParKind::Replicate) => {
-                    ParKind::Partition(d)
-                }
+                (Some(ParKind::Replicate), ParKind::Partial)
+                | (Some(ParKind::Partial), ParKind::Replicate) => ParKind::Partial,
+                (Some(ParKind::Replicate), ParKind::Partition(d))
+                | (Some(ParKind::Partition(d)), ParKind::Replicate) => ParKind::Partition(d),
                 (Some(a), b) => {
                     let show = |k: ParKind| match k {
-                        ParKind::Partition(d) => format!("partition({},{axis})", dim_ref_text(out, d)),
+                        ParKind::Partition(d) => {
+                            format!("partition({},{axis})", dim_ref_text(out, d))
+                        }
                         ParKind::Replicate => format!("replicate({axis})"),
                         ParKind::Partial => format!("partial({axis})"),
                     };
@@ -241,13 +261,19 @@ fn pointwise(ops: &[&TensorType], dtype: DType) -> TResult<Type> {
 
 fn promote(a: DType, b: DType) -> TResult<DType> {
     DType::promote(a, b).ok_or_else(|| {
-        TypeError::new(format!("operand dtypes {a} and {b} do not mix")).help("convert one operand with `cast(x) to=DTYPE`")
+        TypeError::new(format!("operand dtypes {a} and {b} do not mix"))
+            .help("convert one operand with `cast(x) to=DTYPE`")
     })
 }
 
 /// Types one operation. `operands` are the operand types in order; `annot` is the written type
 /// (required by leaves); `param_types` gives reducer parameters their instantiated types.
-pub fn infer(kind: &ExprKind, operands: &[&Type], annot: Option<&Type>, env: &TypeEnv) -> TResult<Type> {
+pub fn infer(
+    kind: &ExprKind,
+    operands: &[&Type],
+    annot: Option<&Type>,
+    env: &TypeEnv,
+) -> TResult<Type> {
     use ExprKind::*;
     match kind {
         Input | Constant(_) | Fill(_) => {
@@ -270,7 +296,12 @@ pub fn infer(kind: &ExprKind, operands: &[&Type], annot: Option<&Type>, env: &Ty
                     return err("field names resolve only on the result of a reducer with named state fields")
                         .map_err(|e| e.help("use a field index: `get[0](t)`"));
                 };
-                fields.get(*i).cloned().ok_or_else(|| TypeError::new(format!("field index {i} is out of range: the tuple has {} fields", fields.len())))
+                fields.get(*i).cloned().ok_or_else(|| {
+                    TypeError::new(format!(
+                        "field index {i} is out of range: the tuple has {} fields",
+                        fields.len()
+                    ))
+                })
             }
             Type::Tensor(_) => err("`get` needs a tuple operand, found a tensor"),
         },
@@ -278,11 +309,17 @@ pub fn infer(kind: &ExprKind, operands: &[&Type], annot: Option<&Type>, env: &Ty
             let t = tensor(operands[0])?;
             let i = resolve_dim(&t.shape, d)?;
             if t.par.get(axis).is_some() {
-                return Err(TypeError::new(format!("axis `{axis}` already appears in the operand's {}", state_text(t)))
-                    .help("each parallel axis indexes a value at most once; use a new axis name"));
+                return Err(TypeError::new(format!(
+                    "axis `{axis}` already appears in the operand's {}",
+                    state_text(t)
+                ))
+                .help("each parallel axis indexes a value at most once; use a new axis name"));
             }
             if let Some(other) = t.par.partitioner_of(i) {
-                return err(format!("dimension {} is already partitioned along `{other}`", t.shape[i]));
+                return err(format!(
+                    "dimension {} is already partitioned along `{other}`",
+                    t.shape[i]
+                ));
             }
             if t.shape[i].is_one() {
                 return err("a dimension of size 1 cannot be partitioned");
@@ -318,7 +355,9 @@ pub fn infer(kind: &ExprKind, operands: &[&Type], annot: Option<&Type>, env: &Ty
                     }
                 ))
                 .help(match other {
-                    Some(ParKind::Partial) => format!("fold partial results with `reduce … parallel={axis}` first"),
+                    Some(ParKind::Partial) => {
+                        format!("fold partial results with `reduce … parallel={axis}` first")
+                    }
                     _ => "combination joins the slices that partition made".to_string(),
                 })),
             }
@@ -335,8 +374,12 @@ pub fn infer(kind: &ExprKind, operands: &[&Type], annot: Option<&Type>, env: &Ty
             let t = tensor(operands[0])?;
             let int_ok = matches!(op, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Square);
             if !t.dtype.is_float() && !(int_ok && t.dtype == DType::I32) {
-                return Err(TypeError::new(format!("`{}` needs a floating-point operand, found {}", op.name(), t.dtype))
-                    .help("convert it with `cast(x) to=f32`"));
+                return Err(TypeError::new(format!(
+                    "`{}` needs a floating-point operand, found {}",
+                    op.name(),
+                    t.dtype
+                ))
+                .help("convert it with `cast(x) to=f32`"));
             }
             Ok(Type::Tensor(t.clone()))
         }
@@ -345,7 +388,12 @@ pub fn infer(kind: &ExprKind, operands: &[&Type], annot: Option<&Type>, env: &Ty
             let b = tensor(operands[1])?;
             let dt = if op.is_logical() {
                 if a.dtype != DType::I1 || b.dtype != DType::I1 {
-                    return err(format!("`{}` needs i1 operands, found {} and {}", op.name(), a.dtype, b.dtype));
+                    return err(format!(
+                        "`{}` needs i1 operands, found {} and {}",
+                        op.name(),
+                        a.dtype,
+                        b.dtype
+                    ));
                 }
                 DType::I1
             } else {
@@ -367,8 +415,11 @@ pub fn infer(kind: &ExprKind, operands: &[&Type], annot: Option<&Type>, env: &Ty
             let a = tensor(operands[1])?;
             let b = tensor(operands[2])?;
             if c.dtype != DType::I1 {
-                return Err(TypeError::new(format!("`select` needs an i1 condition, found {}", c.dtype))
-                    .help("build conditions with comparisons such as `less_equal(a, b)`"));
+                return Err(TypeError::new(format!(
+                    "`select` needs an i1 condition, found {}",
+                    c.dtype
+                ))
+                .help("build conditions with comparisons such as `less_equal(a, b)`"));
             }
             pointwise(&[c, a, b], promote(a.dtype, b.dtype)?)
         }
@@ -390,20 +441,38 @@ pub fn infer(kind: &ExprKind, operands: &[&Type], annot: Option<&Type>, env: &Ty
             let mut sorted = perm.clone();
             sorted.sort_unstable();
             if sorted != (0..t.rank()).collect::<Vec<_>>() {
-                return err(format!("[{}] is not a permutation of the {} dimensions of {}", perm.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(","), t.rank(), shape_text(&t.shape)));
+                return err(format!(
+                    "[{}] is not a permutation of the {} dimensions of {}",
+                    perm.iter()
+                        .map(|p| p.to_string())
+                        .collect::<Vec<_>>()
+                        .join(","),
+                    t.rank(),
+                    shape_text(&t.shape)
+                ));
             }
             let shape = perm.iter().map(|&p| t.shape[p].clone()).collect();
             let par = t.par.remap_dims(|d| perm.iter().position(|&p| p == d));
-            Ok(Type::Tensor(TensorType { dtype: t.dtype, shape, par }))
+            Ok(Type::Tensor(TensorType {
+                dtype: t.dtype,
+                shape,
+                par,
+            }))
         }
         Reshape(shape, _) => {
             let t = tensor(operands[0])?;
             if t.par.0.values().any(|k| matches!(k, ParKind::Partition(_))) {
-                return Err(TypeError::new("`reshape` of a partitioned value is not supported")
-                    .help("reshape before partitioning, or after combination"));
+                return Err(
+                    TypeError::new("`reshape` of a partitioned value is not supported")
+                        .help("reshape before partitioning, or after combination"),
+                );
             }
             if !same_element_count(&t.shape, shape) {
-                return err(format!("reshape from {} to {} changes the number of elements", shape_text(&t.shape), shape_text(shape)));
+                return err(format!(
+                    "reshape from {} to {} changes the number of elements",
+                    shape_text(&t.shape),
+                    shape_text(shape)
+                ));
             }
             Ok(Type::Tensor(TensorType {
                 dtype: t.dtype,
@@ -414,18 +483,30 @@ pub fn infer(kind: &ExprKind, operands: &[&Type], annot: Option<&Type>, env: &Ty
         Broadcast(shape, _) => {
             let t = tensor(operands[0])?;
             if shape.len() < t.rank() {
-                return err(format!("cannot broadcast {} to the lower-rank shape {}", shape_text(&t.shape), shape_text(shape)));
+                return err(format!(
+                    "cannot broadcast {} to the lower-rank shape {}",
+                    shape_text(&t.shape),
+                    shape_text(shape)
+                ));
             }
             let off = shape.len() - t.rank();
             for (i, d) in t.shape.iter().enumerate() {
                 if d != &shape[i + off] && !d.is_one() {
-                    return err(format!("cannot broadcast {} to {}: dimension {d} against {}", shape_text(&t.shape), shape_text(shape), shape[i + off]));
+                    return err(format!(
+                        "cannot broadcast {} to {}: dimension {d} against {}",
+                        shape_text(&t.shape),
+                        shape_text(shape),
+                        shape[i + off]
+                    ));
                 }
             }
             for (a, k) in &t.par.0 {
                 if let ParKind::Partition(d) = k {
                     if t.shape[*d] != shape[d + off] {
-                        return err(format!("dimension {} is partitioned along `{a}` and cannot be broadcast", t.shape[*d]));
+                        return err(format!(
+                            "dimension {} is partitioned along `{a}` and cannot be broadcast",
+                            t.shape[*d]
+                        ));
                     }
                 }
             }
@@ -442,20 +523,29 @@ fn leaf_annotation<'a>(kind: &ExprKind, annot: Option<&'a Type>) -> TResult<&'a 
     match annot {
         Some(Type::Tensor(t)) => {
             if !t.par.is_empty() {
-                return Err(TypeError::new(format!("`{}` values live in global memory and have no parallel state", kind.op_name()))
-                    .help("declare the tensor-level type and tile it with partition/replicate"));
+                return Err(TypeError::new(format!(
+                    "`{}` values live in global memory and have no parallel state",
+                    kind.op_name()
+                ))
+                .help("declare the tensor-level type and tile it with partition/replicate"));
             }
             Ok(t)
         }
-        Some(Type::Tuple(_)) => err(format!("`{}` needs a tensor type, not a tuple", kind.op_name())),
+        Some(Type::Tuple(_)) => err(format!(
+            "`{}` needs a tensor type, not a tuple",
+            kind.op_name()
+        )),
         None => err(format!("`{}` needs a type annotation", kind.op_name())),
     }
 }
 
 fn replicate_tensor(t: &TensorType, axis: &str) -> TResult<TensorType> {
     if t.par.get(axis).is_some() {
-        return Err(TypeError::new(format!("axis `{axis}` already appears in the operand's {}", state_text(t)))
-            .help("each parallel axis indexes a value at most once; use a new axis name"));
+        return Err(TypeError::new(format!(
+            "axis `{axis}` already appears in the operand's {}",
+            state_text(t)
+        ))
+        .help("each parallel axis indexes a value at most once; use a new axis name"));
     }
     let mut out = t.clone();
     out.par.0.insert(axis.to_string(), ParKind::Replicate);
@@ -464,12 +554,19 @@ fn replicate_tensor(t: &TensorType, axis: &str) -> TResult<TensorType> {
 
 fn collect_tensor(t: &TensorType, axis: &str) -> TResult<TensorType> {
     let Some(k) = t.par.get(axis) else {
-        return Err(TypeError::new(format!("collection[{axis}] needs a value on axis `{axis}`, but the operand has {}", state_text(t)))
-            .help("collection stores one slice per coordinate of an axis the value is on"));
+        return Err(TypeError::new(format!(
+            "collection[{axis}] needs a value on axis `{axis}`, but the operand has {}",
+            state_text(t)
+        ))
+        .help("collection stores one slice per coordinate of an axis the value is on"));
     };
     let mut shape = vec![Dim::extent(axis)];
     for (i, d) in t.shape.iter().enumerate() {
-        shape.push(if k == ParKind::Partition(i) { d.split_by(axis) } else { d.clone() });
+        shape.push(if k == ParKind::Partition(i) {
+            d.split_by(axis)
+        } else {
+            d.clone()
+        });
     }
     let mut par = t.par.clone();
     par.0.remove(axis);
@@ -499,7 +596,11 @@ fn same_element_count(a: &[Dim], b: &[Dim]) -> bool {
 fn matmul(a: &TensorType, b: &TensorType, acc: Option<DType>, tiled: bool) -> TResult<Type> {
     let op = if tiled { "tile_matmul" } else { "matmul" };
     if a.rank() < 2 || b.rank() < 2 {
-        return err(format!("`{op}` needs operands of rank 2 or more, found {} and {}", shape_text(&a.shape), shape_text(&b.shape)));
+        return err(format!(
+            "`{op}` needs operands of rank 2 or more, found {} and {}",
+            shape_text(&a.shape),
+            shape_text(&b.shape)
+        ));
     }
     let (ra, rb) = (a.rank(), b.rank());
     if a.shape[ra - 1] != b.shape[rb - 2] {
@@ -513,7 +614,10 @@ fn matmul(a: &TensorType, b: &TensorType, acc: Option<DType>, tiled: bool) -> TR
         .help("the product contracts the last dimension of the lhs with the second-to-last of the rhs; transpose an operand"));
     }
     if !a.dtype.is_float() || !b.dtype.is_float() {
-        return err(format!("`{op}` needs floating-point operands, found {} and {}", a.dtype, b.dtype));
+        return err(format!(
+            "`{op}` needs floating-point operands, found {} and {}",
+            a.dtype, b.dtype
+        ));
     }
     let dtype = match acc {
         Some(t) if !t.is_float() => return err("`acc` must be a floating-point dtype"),
@@ -529,7 +633,11 @@ fn matmul(a: &TensorType, b: &TensorType, acc: Option<DType>, tiled: bool) -> TR
     let mut par = BTreeMap::new();
     for axis in axes {
         let (Some(ka), Some(kb)) = (a.par.get(axis), b.par.get(axis)) else {
-            let (has, lacks) = if a.par.get(axis).is_some() { ("lhs", "rhs") } else { ("rhs", "lhs") };
+            let (has, lacks) = if a.par.get(axis).is_some() {
+                ("lhs", "rhs")
+            } else {
+                ("rhs", "lhs")
+            };
             return Err(TypeError::new(format!("the {has} of `{op}` is on parallel axis `{axis}` but the {lacks} is not"))
                 .help(format!("operands pair tiles at equal coordinates: replicate[{axis}] or partition the {lacks} too")));
         };
@@ -599,7 +707,13 @@ fn matmul(a: &TensorType, b: &TensorType, acc: Option<DType>, tiled: bool) -> TR
     }))
 }
 
-fn reduce(input: &Type, over: &ReduceOver, reducer: &ReducerRef, keep_dims: bool, env: &TypeEnv) -> TResult<Type> {
+fn reduce(
+    input: &Type,
+    over: &ReduceOver,
+    reducer: &ReducerRef,
+    keep_dims: bool,
+    env: &TypeEnv,
+) -> TResult<Type> {
     match (reducer, over) {
         (ReducerRef::Builtin(b), ReduceOver::Axis(d)) => {
             let t = tensor(input)?;
@@ -649,65 +763,102 @@ fn reduce(input: &Type, over: &ReduceOver, reducer: &ReducerRef, keep_dims: bool
         }
         (ReducerRef::User(name), _) => {
             if keep_dims {
-                return Err(TypeError::new("`keep_dims` applies to built-in reducers only")
-                    .help("a user reducer's result has the shape of its state"));
+                return Err(
+                    TypeError::new("`keep_dims` applies to built-in reducers only")
+                        .help("a user reducer's result has the shape of its state"),
+                );
             }
             let def = env
                 .reducer(name)
                 .ok_or_else(|| TypeError::new(format!("unknown reducer `@{name}`")))?;
-            let fields: Vec<&TensorType> = match input {
-                Type::Tensor(t) => vec![t],
-                Type::Tuple(fs) => fs.iter().map(tensor).collect::<TResult<_>>()?,
-            };
-            if fields.len() != def.item.len() {
-                return err(format!(
-                    "@{name} takes an item of {} field(s), but the operand has {}",
-                    def.item.len(),
-                    fields.len()
-                ));
-            }
-            let mut items = Vec::new();
-            for f in fields {
-                items.push(match over {
-                    ReduceOver::Axis(d) => {
-                        let i = resolve_dim(&f.shape, d)?;
-                        let mut shape = f.shape.clone();
-                        shape.remove(i);
-                        let mut par = f.par.clone();
-                        if let Some(axis) = f.par.partitioner_of(i).map(str::to_string) {
-                            par.0.insert(axis, ParKind::Partial);
-                        }
-                        let par = par.remap_dims(|d| if d > i { Some(d - 1) } else { Some(d) });
-                        TensorType { dtype: f.dtype, shape, par }
-                    }
-                    ReduceOver::Parallel(p) => {
-                        let Some(k) = f.par.get(p) else {
-                            return err(format!("reduce parallel={p} needs every item field on axis `{p}`, but one has {}", state_text(f)));
-                        };
-                        let mut t = f.clone();
-                        if let ParKind::Partition(i) = k {
-                            t.shape[i] = t.shape[i].split_by(p);
-                        }
-                        t.par.0.remove(p);
-                        t
-                    }
-                });
-            }
-            instantiate(def, items, env)
+            let items = reducer_items(def, input, over)?;
+            instantiate(def, items, env).map(|(t, _)| t)
         }
     }
 }
 
+/// The item types a user reducer sees for `reduce INPUT over`: slices along a dimension (the
+/// dimension removed) or the per-coordinate values of a parallel axis (tiles show `(K/p)`).
+pub fn reducer_items(
+    def: &ReducerDef,
+    input: &Type,
+    over: &ReduceOver,
+) -> TResult<Vec<TensorType>> {
+    let name = &def.name;
+    let fields: Vec<&TensorType> = match input {
+        Type::Tensor(t) => vec![t],
+        Type::Tuple(fs) => fs.iter().map(tensor).collect::<TResult<_>>()?,
+    };
+    if fields.len() != def.item.len() {
+        return err(format!(
+            "@{name} takes an item of {} field(s), but the operand has {}",
+            def.item.len(),
+            fields.len()
+        ));
+    }
+    let mut items = Vec::new();
+    for f in fields {
+        items.push(match over {
+            ReduceOver::Axis(d) => {
+                let i = resolve_dim(&f.shape, d)?;
+                let mut shape = f.shape.clone();
+                shape.remove(i);
+                let mut par = f.par.clone();
+                if let Some(axis) = f.par.partitioner_of(i).map(str::to_string) {
+                    par.0.insert(axis, ParKind::Partial);
+                }
+                let par = par.remap_dims(|d| if d > i { Some(d - 1) } else { Some(d) });
+                TensorType {
+                    dtype: f.dtype,
+                    shape,
+                    par,
+                }
+            }
+            ReduceOver::Parallel(p) => {
+                let Some(k) = f.par.get(p) else {
+                    return err(format!(
+                        "reduce parallel={p} needs every item field on axis `{p}`, but one has {}",
+                        state_text(f)
+                    ));
+                };
+                let mut t = f.clone();
+                if let ParKind::Partition(i) = k {
+                    t.shape[i] = t.shape[i].split_by(p);
+                }
+                t.par.0.remove(p);
+                t
+            }
+        });
+    }
+    Ok(items)
+}
+
+/// The type of every node of a reducer's body for one use (at the state's fixed point).
+pub fn reducer_body_types(
+    def: &ReducerDef,
+    input: &Type,
+    over: &ReduceOver,
+    env: &TypeEnv,
+) -> TResult<Vec<Type>> {
+    let items = reducer_items(def, input, over)?;
+    instantiate(def, items, env).map(|(_, types)| types)
+}
+
 /// Types a reducer for one use: the state starts as f32 scalars replicated over the items'
 /// parallel axes and is refined by typing the body until it reaches a fixed point.
-fn instantiate(def: &ReducerDef, items: Vec<TensorType>, env: &TypeEnv) -> TResult<Type> {
+fn instantiate(
+    def: &ReducerDef,
+    items: Vec<TensorType>,
+    env: &TypeEnv,
+) -> TResult<(Type, Vec<Type>)> {
     let key_types: Vec<Type> = items.iter().cloned().map(Type::Tensor).collect();
     let key = (def.name.clone(), key_types);
     if let Some(hit) = env.cache.borrow().get(&key) {
         return hit.clone();
     }
     if env.active.borrow().contains(&def.name) {
-        return err(format!("reducer @{} uses itself", def.name)).map_err(|e| e.help("reducers cannot be recursive"));
+        return err(format!("reducer @{} uses itself", def.name))
+            .map_err(|e| e.help("reducers cannot be recursive"));
     }
     env.active.borrow_mut().push(def.name.clone());
     let result = instantiate_uncached(def, &items, env);
@@ -716,7 +867,11 @@ fn instantiate(def: &ReducerDef, items: Vec<TensorType>, env: &TypeEnv) -> TResu
     result
 }
 
-fn instantiate_uncached(def: &ReducerDef, items: &[TensorType], env: &TypeEnv) -> TResult<Type> {
+fn instantiate_uncached(
+    def: &ReducerDef,
+    items: &[TensorType],
+    env: &TypeEnv,
+) -> TResult<(Type, Vec<Type>)> {
     let mut outer = BTreeMap::new();
     for t in items {
         for a in t.par.axes() {
@@ -745,9 +900,14 @@ fn instantiate_uncached(def: &ReducerDef, items: &[TensorType], env: &TypeEnv) -
         };
         let result = &types[result_id.index()];
         let next: Vec<TensorType> = match result {
-            Type::Tuple(fs) if def.state.len() > 1 => fs.iter().map(|f| tensor(f).cloned()).collect::<TResult<_>>()?,
+            Type::Tuple(fs) if def.state.len() > 1 => fs
+                .iter()
+                .map(|f| tensor(f).cloned())
+                .collect::<TResult<_>>()?,
             Type::Tensor(t) if def.state.len() == 1 => vec![t.clone()],
-            Type::Tuple(fs) if def.state.len() == 1 && fs.len() == 1 => vec![tensor(&fs[0])?.clone()],
+            Type::Tuple(fs) if def.state.len() == 1 && fs.len() == 1 => {
+                vec![tensor(&fs[0])?.clone()]
+            }
             other => {
                 return Err(TypeError::new(format!(
                     "reducer @{} has {} state field(s) but its body returns {other}",
@@ -758,24 +918,37 @@ fn instantiate_uncached(def: &ReducerDef, items: &[TensorType], env: &TypeEnv) -
             }
         };
         if next.len() != state.len() {
-            return err(format!("reducer @{} returns {} field(s) for a state of {}", def.name, next.len(), state.len()));
+            return err(format!(
+                "reducer @{} returns {} field(s) for a state of {}",
+                def.name,
+                next.len(),
+                state.len()
+            ));
         }
         if next == state {
-            return Ok(if state.len() == 1 {
+            let t = if state.len() == 1 {
                 Type::Tensor(state.remove(0))
             } else {
                 Type::Tuple(state.into_iter().map(Type::Tensor).collect())
-            });
+            };
+            return Ok((t, types));
         }
         state = next;
     }
-    Err(TypeError::new(format!("the state type of reducer @{} does not settle", def.name))
-        .help("each state field's type must be the same before and after one step of the body"))
+    Err(TypeError::new(format!(
+        "the state type of reducer @{} does not settle",
+        def.name
+    ))
+    .help("each state field's type must be the same before and after one step of the body"))
 }
 
 /// Types every node of a body given its parameter types. On failure returns the failing
 /// node's span with the error.
-pub fn type_body(body: &Body, params: &[Type], env: &TypeEnv) -> Result<Vec<Type>, (Span, TypeError)> {
+pub fn type_body(
+    body: &Body,
+    params: &[Type],
+    env: &TypeEnv,
+) -> Result<Vec<Type>, (Span, TypeError)> {
     let mut types: Vec<Type> = Vec::with_capacity(body.nodes.len());
     let placeholder = Type::Tuple(vec![]);
     let mut param_index = 0;
@@ -786,9 +959,20 @@ pub fn type_body(body: &Body, params: &[Type], env: &TypeEnv) -> Result<Vec<Type
             param_index += 1;
             t.ok_or_else(|| (n.span, TypeError::new("reducer parameter without a type")))?
         } else {
-            let ops: Vec<&Type> = n.kind.operands().iter().map(|o| types.get(o.index()).unwrap_or(&placeholder)).collect();
+            let ops: Vec<&Type> = n
+                .kind
+                .operands()
+                .iter()
+                .map(|o| types.get(o.index()).unwrap_or(&placeholder))
+                .collect();
             let kind = resolve_field_name(body, &n.kind, env).map_err(|e| (n.span, e))?;
-            let t = infer(kind.as_ref().unwrap_or(&n.kind), &ops, n.annot.as_ref(), env).map_err(|e| (n.span, e))?;
+            let t = infer(
+                kind.as_ref().unwrap_or(&n.kind),
+                &ops,
+                n.annot.as_ref(),
+                env,
+            )
+            .map_err(|e| (n.span, e))?;
             if let Some(a) = &n.annot {
                 if !n.kind.needs_annotation() && a != &t {
                     return Err((n.span, annotation_mismatch(a, &t)));
@@ -802,12 +986,18 @@ pub fn type_body(body: &Body, params: &[Type], env: &TypeEnv) -> Result<Vec<Type
 }
 
 pub fn annotation_mismatch(declared: &Type, inferred: &Type) -> TypeError {
-    TypeError::new(format!("declared type {declared} does not match the inferred type {inferred}"))
-        .help("fix the annotation or the expression; annotations are checked, never coerced")
+    TypeError::new(format!(
+        "declared type {declared} does not match the inferred type {inferred}"
+    ))
+    .help("fix the annotation or the expression; annotations are checked, never coerced")
 }
 
 /// `get[sum](r)` names a state field of the reducer that produced `r`; resolve it to an index.
-pub fn resolve_field_name(body: &Body, kind: &ExprKind, env: &TypeEnv) -> TResult<Option<ExprKind>> {
+pub fn resolve_field_name(
+    body: &Body,
+    kind: &ExprKind,
+    env: &TypeEnv,
+) -> TResult<Option<ExprKind>> {
     let ExprKind::Get(FieldRef::Name(field), x) = kind else {
         return Ok(None);
     };
@@ -820,11 +1010,15 @@ pub fn resolve_field_name(body: &Body, kind: &ExprKind, env: &TypeEnv) -> TResul
         if let Some(def) = env.reducer(r) {
             return match def.state.iter().position(|s| s == field) {
                 Some(i) => Ok(Some(ExprKind::Get(FieldRef::Index(i), *x))),
-                None => Err(TypeError::new(format!("reducer @{r} has no state field `{field}`"))
-                    .help(format!("its state fields are: {}", def.state.join(", ")))),
+                None => Err(
+                    TypeError::new(format!("reducer @{r} has no state field `{field}`"))
+                        .help(format!("its state fields are: {}", def.state.join(", "))),
+                ),
             };
         }
     }
-    Err(TypeError::new(format!("field `{field}` can only be named on the result of a reducer with that state field"))
-        .help("use a field index: `get[0](t)`"))
+    Err(TypeError::new(format!(
+        "field `{field}` can only be named on the result of a reducer with that state field"
+    ))
+    .help("use a field index: `get[0](t)`"))
 }

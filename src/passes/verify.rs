@@ -42,7 +42,12 @@ fn verify_function(f: &mut Function, env: &TypeEnv, diags: &mut Vec<Diagnostic>)
         let n = body.node(id);
         let op_types: Vec<&Type> = ops.iter().filter_map(|o| body.ty(*o)).collect();
         let result = resolve_field_name(body, &n.kind, env).and_then(|resolved| {
-            let t = infer(resolved.as_ref().unwrap_or(&n.kind), &op_types, n.annot.as_ref(), env)?;
+            let t = infer(
+                resolved.as_ref().unwrap_or(&n.kind),
+                &op_types,
+                n.annot.as_ref(),
+                env,
+            )?;
             match &n.annot {
                 Some(a) if !n.kind.needs_annotation() && a != &t => Err(annotation_mismatch(a, &t)),
                 _ => Ok(t),
