@@ -107,7 +107,7 @@ impl TiledTensor {
 }
 
 /// Iterates the coordinates of `axes` row-major as name → index maps.
-fn for_coords<'a>(axes: &'a [(String, usize)]) -> Vec<BTreeMap<&'a str, usize>> {
+fn for_coords(axes: &[(String, usize)]) -> Vec<BTreeMap<&str, usize>> {
     let total: usize = axes.iter().map(|(_, e)| *e).product();
     (0..total)
         .map(|mut lin| {
@@ -940,7 +940,8 @@ impl<'m> Interpreter<'m> {
                         Value::Tensor(TiledTensor {
                             dtype: DType::F32,
                             axes: outer.clone(),
-                            tiles: vec![Arc::new(Tensor::scalar(*v as f32)); coords],
+                            tiles: std::iter::repeat_n(Arc::new(Tensor::scalar(*v as f32)), coords)
+                                .collect(),
                         })
                     })
                     .collect();

@@ -171,8 +171,8 @@ pub enum Stmt {
     Let {
         name: String,
         name_loc: Loc,
-        annot: Option<TypeAst>,
-        expr: Expr,
+        annot: Option<Box<TypeAst>>,
+        expr: Box<Expr>,
     },
     Return {
         values: Vec<Expr>,
@@ -195,12 +195,15 @@ pub struct FuncAst {
     pub stmts: Vec<Stmt>,
 }
 
+/// `state = <a, b>`: the keyword with its location and the field names with theirs.
+pub type ReducerParam = (String, Loc, Vec<(String, Loc)>);
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReducerAst {
     pub name: String,
     pub name_loc: Loc,
     /// `(keyword, names)` for the `state = <…>` and `item = <…>` parts, in written order.
-    pub params: Vec<(String, Loc, Vec<(String, Loc)>)>,
+    pub params: Vec<ReducerParam>,
     pub init_key: (String, Loc),
     pub init: Vec<Expr>,
     pub stmts: Vec<Stmt>,

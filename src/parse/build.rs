@@ -232,7 +232,7 @@ impl Builder {
                     name_loc,
                     annot,
                     expr,
-                } => self.let_stmt(scope, name, *name_loc, annot.as_ref(), expr),
+                } => self.let_stmt(scope, name, *name_loc, annot.as_deref(), expr),
                 Stmt::Return { values, loc } => {
                     let mut results = Vec::new();
                     for v in values {

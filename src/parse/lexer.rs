@@ -275,11 +275,11 @@ impl Iterator for Lexer<'_> {
                 }
             };
             match tok {
-                Tok::Newline => {
-                    // Newlines separate statements only at bracket depth zero, once.
-                    if self.depth > 0 || matches!(self.last, None | Some(Tok::Newline)) {
-                        continue;
-                    }
+                // Newlines separate statements only at bracket depth zero, once.
+                Tok::Newline
+                    if self.depth > 0 || matches!(self.last, None | Some(Tok::Newline)) =>
+                {
+                    continue
                 }
                 Tok::LParen | Tok::LBracket | Tok::Lt => {
                     self.depth += 1;

@@ -23,9 +23,15 @@ use lalrpop_util::ParseError;
 /// Parses and builds a module from `text`, registered as `source` in the caller's source map.
 /// All diagnostics are returned; the module is only returned when there are no errors.
 pub fn parse_module(text: &str, source: u32) -> Result<Module, Vec<Diagnostic>> {
-    if text.trim().is_empty() {
+    let lexer = lexer::Lexer::new(text);
+    let items = grammar::ModuleParser::new()
+        .parse(lexer)
+        .map_err(|e| vec![syntax_error(e, text, source)])?;
+    if items.is_empty() {
+        // Nothing but whitespace and comments: almost always a wrong file or a bad split.
+        let at = text.len() - text.trim_start().len();
         return Err(vec![Diagnostic::error(
-            Span::new(source, 0, 0),
+            Span::new(source, at, at),
             "empty input: expected a `func` or `reducer` definition",
         )
         .with_label("nothing to parse here")
@@ -33,10 +39,6 @@ pub fn parse_module(text: &str, source: u32) -> Result<Module, Vec<Diagnostic>> 
             "a module holds definitions such as `func f where N = 4 { … }`",
         )]);
     }
-    let lexer = lexer::Lexer::new(text);
-    let items = grammar::ModuleParser::new()
-        .parse(lexer)
-        .map_err(|e| vec![syntax_error(e, text, source)])?;
     build::build_module(&items, source)
 }
 

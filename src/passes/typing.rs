@@ -49,11 +49,16 @@ fn err<T>(msg: impl Into<String>) -> TResult<T> {
     Err(TypeError::new(msg))
 }
 
+/// A reducer use: its name and item types.
+type InstanceKey = (String, Vec<Type>);
+/// A typed reducer use: its result type and the type of every body node.
+type Instance = (Type, Vec<Type>);
+
 /// What typing needs beyond operand types: the module's reducer definitions, with a cache of
 /// reducer instantiations (a reducer is typed per use, like a template).
 pub struct TypeEnv<'m> {
     reducers: &'m [ReducerDef],
-    cache: RefCell<HashMap<(String, Vec<Type>), TResult<(Type, Vec<Type>)>>>,
+    cache: RefCell<HashMap<InstanceKey, TResult<Instance>>>,
     active: RefCell<Vec<String>>,
 }
 
@@ -373,7 +378,7 @@ pub fn infer(
         Unary(op, _) => {
             let t = tensor(operands[0])?;
             let int_ok = matches!(op, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Square);
-            if !t.dtype.is_float() && !(int_ok && t.dtype == DType::I32) {
+            if !(t.dtype.is_float() || int_ok && t.dtype == DType::I32) {
                 return Err(TypeError::new(format!(
                     "`{}` needs a floating-point operand, found {}",
                     op.name(),
