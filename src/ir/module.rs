@@ -16,7 +16,7 @@ impl NodeId {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum UnaryOp {
     Exp,
     Log,
@@ -32,7 +32,7 @@ pub enum UnaryOp {
     Square,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum BinaryOp {
     Add,
     Subtract,
@@ -141,7 +141,7 @@ impl BinaryOp {
 }
 
 /// A dimension named in an attribute: by symbol (`K`) or by index (`0`).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DimRef {
     Name(String),
     Index(usize),
@@ -157,13 +157,13 @@ impl std::fmt::Display for DimRef {
 }
 
 /// A field of a tuple: by position or by the state-field name of the reducer that built it.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum FieldRef {
     Index(usize),
     Name(String),
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum BuiltinReducer {
     Add,
     Mul,
@@ -201,7 +201,7 @@ impl BuiltinReducer {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ReducerRef {
     Builtin(BuiltinReducer),
     /// A reducer defined in the module (`reducer @name(...)`), by name without `@`.
@@ -218,7 +218,7 @@ impl std::fmt::Display for ReducerRef {
 }
 
 /// What a `reduce` folds over: a tensor dimension, or the coordinates of a parallel axis.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ReduceOver {
     Axis(DimRef),
     Parallel(String),
@@ -315,6 +315,49 @@ impl ExprKind {
             Transpose(..) => "transpose",
             Reshape(..) => "reshape",
             Broadcast(..) => "broadcast",
+        }
+    }
+
+    /// The same operation over other operands (in the order of [`ExprKind::operands`]).
+    pub fn with_operands(&self, ops: &[NodeId]) -> ExprKind {
+        use ExprKind::*;
+        let o = |i: usize| ops.get(i).copied().unwrap_or(NodeId(0));
+        match self {
+            Input | Param | Constant(_) | Fill(_) | Iota(_) => self.clone(),
+            Tuple(_) => Tuple(ops.to_vec()),
+            Get(f, _) => Get(f.clone(), o(0)),
+            Partition(d, a, _) => Partition(d.clone(), a.clone(), o(0)),
+            Replicate(a, _) => Replicate(a.clone(), o(0)),
+            Combination(d, a, _) => Combination(d.clone(), a.clone(), o(0)),
+            Collection(a, _) => Collection(a.clone(), o(0)),
+            Unary(u, _) => Unary(*u, o(0)),
+            Cast(t, _) => Cast(*t, o(0)),
+            Transpose(p, _) => Transpose(p.clone(), o(0)),
+            Reshape(s, _) => Reshape(s.clone(), o(0)),
+            Broadcast(s, _) => Broadcast(s.clone(), o(0)),
+            Reduce {
+                over,
+                reducer,
+                keep_dims,
+                ..
+            } => Reduce {
+                input: o(0),
+                over: over.clone(),
+                reducer: reducer.clone(),
+                keep_dims: *keep_dims,
+            },
+            Binary(b, _, _) => Binary(*b, o(0), o(1)),
+            MatMul { acc, .. } => MatMul {
+                a: o(0),
+                b: o(1),
+                acc: *acc,
+            },
+            TileMatMul { acc, .. } => TileMatMul {
+                a: o(0),
+                b: o(1),
+                acc: *acc,
+            },
+            Select(..) => Select(o(0), o(1), o(2)),
         }
     }
 
@@ -426,10 +469,42 @@ pub struct ReducerDef {
     pub body: Body,
 }
 
+/// One e-node of an e-graph dump: an operation whose operand `i` (`NodeId(i)` in `kind`) is
+/// the e-class `children[i]`.
+#[derive(Clone, Debug)]
+pub struct DumpNode {
+    pub kind: ExprKind,
+    pub children: Vec<u32>,
+    /// For `input N`: the argument position.
+    pub input: Option<u32>,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug)]
+pub struct DumpClass {
+    pub id: u32,
+    pub ty: Type,
+    pub span: Span,
+    pub nodes: Vec<DumpNode>,
+}
+
+/// `egraph NAME where … { eclass %N : TYPE { … } … root %R }`: the output of `saturate` as
+/// text, so that later passes can start from a saved e-graph.
+#[derive(Clone, Debug)]
+pub struct EGraphDump {
+    pub name: String,
+    pub name_span: Span,
+    pub bindings: Vec<Binding>,
+    pub classes: Vec<DumpClass>,
+    pub roots: Vec<u32>,
+    pub roots_span: Span,
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct Module {
     pub reducers: Vec<ReducerDef>,
     pub funcs: Vec<Function>,
+    pub egraphs: Vec<EGraphDump>,
 }
 
 impl Module {

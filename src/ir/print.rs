@@ -331,6 +331,61 @@ pub fn print_reducer(r: &ReducerDef, opts: PrintOptions) -> String {
     out
 }
 
+/// Text of one e-node: the operation with `%N` operands.
+pub fn dump_node_text(n: &DumpNode) -> String {
+    if let (ExprKind::Input, Some(pos)) = (&n.kind, n.input) {
+        return format!("input {pos}");
+    }
+    let mut body = Body::default();
+    for c in &n.children {
+        let id = body.push(Node {
+            kind: ExprKind::Param,
+            name: Some(format!("%{c}")),
+            annot: None,
+            span: n.span,
+            ty: None,
+        });
+        body.params.push(id);
+    }
+    let placeholders: Vec<NodeId> = body.params.clone();
+    let id = body.push(Node {
+        kind: n.kind.with_operands(&placeholders),
+        name: None,
+        annot: None,
+        span: n.span,
+        ty: None,
+    });
+    body.results.push(id);
+    let printer = BodyPrinter::new(&body, PrintOptions::default());
+    let mut out = String::new();
+    printer.expr(id, &mut out, 0);
+    out
+}
+
+pub fn print_egraph(g: &EGraphDump) -> String {
+    let mut out = format!("egraph {}", g.name);
+    if !g.bindings.is_empty() {
+        let b: Vec<String> = g
+            .bindings
+            .iter()
+            .map(|b| format!("{} = {}", b.name, b.value))
+            .collect();
+        write!(out, " where {}", b.join(", ")).ok();
+    }
+    out.push_str(" {\n");
+    for c in &g.classes {
+        writeln!(out, "  eclass %{} : {} {{", c.id, c.ty).ok();
+        for n in &c.nodes {
+            writeln!(out, "    {}", dump_node_text(n)).ok();
+        }
+        out.push_str("  }\n");
+    }
+    let roots: Vec<String> = g.roots.iter().map(|r| format!("%{r}")).collect();
+    writeln!(out, "  root {}", roots.join(", ")).ok();
+    out.push_str("}\n");
+    out
+}
+
 pub fn print_module(m: &Module, opts: PrintOptions) -> String {
     let mut parts = Vec::new();
     for r in &m.reducers {
@@ -338,6 +393,9 @@ pub fn print_module(m: &Module, opts: PrintOptions) -> String {
     }
     for f in &m.funcs {
         parts.push(print_function(f, opts));
+    }
+    for g in &m.egraphs {
+        parts.push(print_egraph(g));
     }
     parts.join("\n")
 }

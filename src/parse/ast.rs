@@ -143,8 +143,12 @@ pub enum ExprAst {
     },
     Input,
     Constant(Box<Expr>),
-    /// `<a, b>` — a tuple literal (reducer init values, e-graph dumps).
+    /// `<a, b>` — a tuple literal (reducer init values).
     Angle(Vec<Expr>),
+    /// `%3` — an e-class reference (e-graph dumps only).
+    ClassRef(u32),
+    /// `input 0` — the argument at a position (e-graph dumps only).
+    InputAt(u64),
 }
 
 /// An expression with its source range and nesting depth (bounded by the grammar).
@@ -209,8 +213,33 @@ pub struct ReducerAst {
     pub stmts: Vec<Stmt>,
 }
 
+/// `eclass %3 : TYPE { enode… }` or `root %12, %13` inside an `egraph` dump.
+#[derive(Clone, Debug, PartialEq)]
+pub enum EGraphEntry {
+    Class {
+        keyword: (String, Loc),
+        id: (u32, Loc),
+        ty: TypeAst,
+        nodes: Vec<Expr>,
+    },
+    Roots {
+        keyword: (String, Loc),
+        ids: Vec<(u32, Loc)>,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct EGraphAst {
+    pub keyword: (String, Loc),
+    pub name: String,
+    pub name_loc: Loc,
+    pub bindings: Vec<BindingAst>,
+    pub entries: Vec<EGraphEntry>,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum Item {
     Func(FuncAst),
     Reducer(ReducerAst),
+    EGraph(EGraphAst),
 }

@@ -35,6 +35,7 @@ pub fn build_module(items: &[Item], source: u32) -> Result<Module, Vec<Diagnosti
                     b.diags.push(d);
                 }
             }
+            Item::EGraph(_) => {}
             Item::Func(f) => {
                 if let Some(prev) = seen_funcs.insert(&f.name, f.name_loc) {
                     let d = b
@@ -61,6 +62,11 @@ pub fn build_module(items: &[Item], source: u32) -> Result<Module, Vec<Diagnosti
                     module.funcs.push(func);
                 }
             }
+            Item::EGraph(g) => {
+                if let Some(dump) = b.egraph(g) {
+                    module.egraphs.push(dump);
+                }
+            }
         }
     }
     if b.diags.iter().any(|d| d.is_error()) {
@@ -83,6 +89,8 @@ struct Scope {
     /// Names defined anywhere in the body, to explain use-before-definition.
     later: HashMap<String, Loc>,
     in_reducer: bool,
+    /// In an e-graph dump: the placeholder node made for each `%N` reference.
+    class_refs: Option<Vec<(NodeId, u32)>>,
 }
 
 fn closest<'a>(name: &str, candidates: impl Iterator<Item = &'a str>) -> Option<&'a str> {
@@ -149,38 +157,7 @@ impl Builder {
             let d = self.err(f.name_loc, "function names start with a lower-case letter");
             self.push(d);
         }
-        let mut bindings: Vec<Binding> = Vec::new();
-        for bnd in &f.bindings {
-            if let Some(prev) = bindings.iter().find(|x| x.name == bnd.name) {
-                let prev_span = prev.span;
-                let d = self
-                    .err(bnd.loc, format!("`{}` is bound twice", bnd.name))
-                    .with_note(Some(prev_span), "first bound here");
-                self.push(d);
-                continue;
-            }
-            if !is_dim_symbol(&bnd.name) && !is_axis_name(&bnd.name) {
-                let d = self.err(
-                    bnd.loc,
-                    "a binding names a dimension (upper case) or a parallel axis (lower case)",
-                );
-                self.push(d);
-                continue;
-            }
-            if is_axis_name(&bnd.name) && bnd.value == 0 {
-                let d = self.err(
-                    bnd.loc,
-                    format!("parallel axis `{}` needs an extent of at least 1", bnd.name),
-                );
-                self.push(d);
-                continue;
-            }
-            bindings.push(Binding {
-                name: bnd.name.clone(),
-                value: bnd.value,
-                span: self.span(bnd.loc),
-            });
-        }
+        let bindings = self.bindings(&f.bindings);
         let mut scope = Scope {
             body: Body::default(),
             names: HashMap::new(),
@@ -193,6 +170,7 @@ impl Builder {
                 })
                 .collect(),
             in_reducer: false,
+            class_refs: None,
         };
         self.statements(
             &mut scope,
@@ -508,6 +486,46 @@ impl Builder {
                 None
             }
             ExprAst::Number(v) => Some(self.scalar_constant(scope, *v, e.loc)),
+            ExprAst::ClassRef(n) => {
+                let Some(refs) = scope.class_refs.as_ref() else {
+                    let d = self
+                        .err(
+                            e.loc,
+                            format!(
+                                "`%{n}` refers to an e-class, which only exists in `egraph` dumps"
+                            ),
+                        )
+                        .with_help("in a function, refer to values by name");
+                    self.push(d);
+                    return None;
+                };
+                if let Some((id, _)) = refs.iter().find(|(_, c)| c == n) {
+                    return Some(*id);
+                }
+                let id = self.new_node(scope, ExprKind::Param, e.loc);
+                if let Some(refs) = scope.class_refs.as_mut() {
+                    refs.push((id, *n));
+                }
+                Some(id)
+            }
+            ExprAst::InputAt(n) => {
+                if scope.class_refs.is_none() {
+                    let d = self
+                        .err(e.loc, "`input N` only appears in `egraph` dumps")
+                        .with_help("declare arguments as `x: tensor<…> = input`");
+                    self.push(d);
+                    return None;
+                }
+                let Ok(pos) = u32::try_from(*n) else {
+                    let d = self.err(e.loc, "input position is too large");
+                    self.push(d);
+                    return None;
+                };
+                let id = self.new_node(scope, ExprKind::Input, e.loc);
+                scope.body.params.push(id);
+                scope.body.results.push(NodeId(pos));
+                Some(id)
+            }
             ExprAst::Neg(inner) => {
                 if let ExprAst::Number(v) = inner.ast {
                     return Some(self.scalar_constant(scope, -v, e.loc));
@@ -957,6 +975,197 @@ impl Builder {
         Some(self.new_node(scope, kind, e.loc))
     }
 
+    fn bindings(&mut self, asts: &[BindingAst]) -> Vec<Binding> {
+        let mut bindings: Vec<Binding> = Vec::new();
+        for bnd in asts {
+            if let Some(prev) = bindings.iter().find(|x| x.name == bnd.name) {
+                let prev_span = prev.span;
+                let d = self
+                    .err(bnd.loc, format!("`{}` is bound twice", bnd.name))
+                    .with_note(Some(prev_span), "first bound here");
+                self.push(d);
+                continue;
+            }
+            if !is_dim_symbol(&bnd.name) && !is_axis_name(&bnd.name) {
+                let d = self.err(
+                    bnd.loc,
+                    "a binding names a dimension (upper case) or a parallel axis (lower case)",
+                );
+                self.push(d);
+                continue;
+            }
+            if is_axis_name(&bnd.name) && bnd.value == 0 {
+                let d = self.err(
+                    bnd.loc,
+                    format!("parallel axis `{}` needs an extent of at least 1", bnd.name),
+                );
+                self.push(d);
+                continue;
+            }
+            bindings.push(Binding {
+                name: bnd.name.clone(),
+                value: bnd.value,
+                span: self.span(bnd.loc),
+            });
+        }
+        bindings
+    }
+
+    fn egraph(&mut self, g: &EGraphAst) -> Option<EGraphDump> {
+        let errors_before = self.diags.len();
+        if g.keyword.0 != "egraph" {
+            let d = self
+                .err(
+                    g.keyword.1,
+                    format!("unexpected `{}` at the top level", g.keyword.0),
+                )
+                .with_help("a module holds `func`, `reducer` and `egraph` definitions");
+            self.push(d);
+            return None;
+        }
+        let bindings = self.bindings(&g.bindings);
+        let mut classes: Vec<DumpClass> = Vec::new();
+        let mut roots = Vec::new();
+        let mut roots_span = self.span(g.name_loc);
+        for entry in &g.entries {
+            match entry {
+                EGraphEntry::Roots { keyword, ids } => {
+                    if keyword.0 != "root" {
+                        let d = self.err(
+                            keyword.1,
+                            format!("expected `eclass` or `root`, found `{}`", keyword.0),
+                        );
+                        self.push(d);
+                        continue;
+                    }
+                    roots.extend(ids.iter().map(|(n, _)| *n));
+                    roots_span = self.span(keyword.1);
+                }
+                EGraphEntry::Class {
+                    keyword,
+                    id,
+                    ty,
+                    nodes,
+                } => {
+                    if keyword.0 != "eclass" {
+                        let d = self.err(
+                            keyword.1,
+                            format!("expected `eclass` or `root`, found `{}`", keyword.0),
+                        );
+                        self.push(d);
+                        continue;
+                    }
+                    if classes.iter().any(|c| c.id == id.0) {
+                        let d = self.err(id.1, format!("e-class %{} is defined twice", id.0));
+                        self.push(d);
+                        continue;
+                    }
+                    let Some(ty) = self.ty(ty) else { continue };
+                    let mut enodes = Vec::new();
+                    for n in nodes {
+                        if let Some(node) = self.dump_node(n, &ty) {
+                            enodes.push(node);
+                        }
+                    }
+                    classes.push(DumpClass {
+                        id: id.0,
+                        ty,
+                        span: self.span(id.1),
+                        nodes: enodes,
+                    });
+                }
+            }
+        }
+        for c in &classes {
+            for n in &c.nodes {
+                for child in &n.children {
+                    if !classes.iter().any(|k| k.id == *child) {
+                        let d = self.err_span(n.span, format!("e-class %{child} is not defined"));
+                        self.push(d);
+                    }
+                }
+            }
+            if c.nodes.is_empty() {
+                let d = self.err_span(c.span, format!("e-class %{} has no e-nodes", c.id));
+                self.push(d);
+            }
+        }
+        if roots.is_empty() {
+            let d = self
+                .err(g.name_loc, "the e-graph has no `root`")
+                .with_help("end the dump with `root %N`");
+            self.push(d);
+        }
+        for r in &roots {
+            if !classes.iter().any(|k| k.id == *r) {
+                let d = self.err_span(roots_span, format!("root e-class %{r} is not defined"));
+                self.push(d);
+            }
+        }
+        if self.diags[errors_before..].iter().any(|d| d.is_error()) {
+            return None;
+        }
+        Some(EGraphDump {
+            name: g.name.clone(),
+            name_span: self.span(g.name_loc),
+            bindings,
+            classes,
+            roots,
+            roots_span,
+        })
+    }
+
+    fn err_span(&self, span: Span, msg: impl Into<String>) -> Diagnostic {
+        Diagnostic::error(span, msg)
+    }
+
+    /// One e-node: a single operation whose operands are all `%N` references.
+    fn dump_node(&mut self, e: &Expr, class_ty: &Type) -> Option<DumpNode> {
+        let mut scope = Scope {
+            body: Body::default(),
+            names: HashMap::new(),
+            later: HashMap::new(),
+            in_reducer: false,
+            class_refs: Some(Vec::new()),
+        };
+        let id = self.expr(&mut scope, e)?;
+        let refs = scope.class_refs.take().unwrap_or_default();
+        let node = scope.body.node(id).clone();
+        if node.kind == ExprKind::Param {
+            let d = self.err(
+                e.loc,
+                "an e-node is an operation, not a bare e-class reference",
+            );
+            self.push(d);
+            return None;
+        }
+        let mut children = Vec::new();
+        for o in node.kind.operands() {
+            match refs.iter().find(|(nid, _)| *nid == o) {
+                Some((_, c)) => children.push(*c),
+                None => {
+                    let d = self
+                        .err(e.loc, "e-node operands must be e-class references like `%3`")
+                        .with_help("write one operation per e-node; nested expressions are separate e-classes");
+                    self.push(d);
+                    return None;
+                }
+            }
+        }
+        let placeholders: Vec<NodeId> = (0..children.len() as u32).map(NodeId).collect();
+        let input = match node.kind {
+            ExprKind::Input => scope.body.results.first().map(|n| n.0),
+            _ => None,
+        };
+        let _ = class_ty;
+        Some(DumpNode {
+            kind: node.kind.with_operands(&placeholders),
+            children,
+            input,
+            span: node.span,
+        })
+    }
+
     fn reducer(&mut self, r: &ReducerAst) -> Option<ReducerDef> {
         let errors_before = self.diags.len();
         let mut state = None;
@@ -1023,6 +1232,7 @@ impl Builder {
                 })
                 .collect(),
             in_reducer: true,
+            class_refs: None,
         };
         for (name, loc) in state.iter().chain(item.iter()) {
             if let Some((_, prev)) = scope.names.get(name) {

@@ -56,22 +56,22 @@ type Instance = (Type, Vec<Type>);
 
 /// What typing needs beyond operand types: the module's reducer definitions, with a cache of
 /// reducer instantiations (a reducer is typed per use, like a template).
-pub struct TypeEnv<'m> {
-    reducers: &'m [ReducerDef],
+pub struct TypeEnv {
+    reducers: Vec<ReducerDef>,
     cache: RefCell<HashMap<InstanceKey, TResult<Instance>>>,
     active: RefCell<Vec<String>>,
 }
 
-impl<'m> TypeEnv<'m> {
-    pub fn new(reducers: &'m [ReducerDef]) -> TypeEnv<'m> {
+impl TypeEnv {
+    pub fn new(reducers: &[ReducerDef]) -> TypeEnv {
         TypeEnv {
-            reducers,
+            reducers: reducers.to_vec(),
             cache: RefCell::new(HashMap::new()),
             active: RefCell::new(Vec::new()),
         }
     }
 
-    pub fn reducer(&self, name: &str) -> Option<&'m ReducerDef> {
+    pub fn reducer(&self, name: &str) -> Option<&ReducerDef> {
         self.reducers.iter().find(|r| r.name == name)
     }
 }

@@ -17,6 +17,9 @@ pub fn verify_module(m: &mut Module) -> Result<Verified, Vec<Diagnostic>> {
     for f in &mut m.funcs {
         verify_function(f, &env, &mut diags);
     }
+    for g in &m.egraphs {
+        verify_egraph(g, &env, &mut diags);
+    }
     // One diagnostic per distinct problem: a reducer body error reached from two uses is one.
     let mut seen = std::collections::HashSet::new();
     diags.retain(|d: &Diagnostic| seen.insert((d.span, d.message.clone())));
@@ -84,5 +87,32 @@ pub fn has_parallel_state(t: &Type) -> bool {
     match t {
         Type::Tensor(t) => !t.par.is_empty(),
         Type::Tuple(fs) => fs.iter().any(has_parallel_state),
+    }
+}
+
+/// Every e-node of a dump must have its e-class's type.
+fn verify_egraph(g: &EGraphDump, env: &TypeEnv, diags: &mut Vec<Diagnostic>) {
+    let types: std::collections::HashMap<u32, &Type> =
+        g.classes.iter().map(|c| (c.id, &c.ty)).collect();
+    for c in &g.classes {
+        for n in &c.nodes {
+            let ops: Option<Vec<&Type>> =
+                n.children.iter().map(|k| types.get(k).copied()).collect();
+            let Some(ops) = ops else { continue }; // reported by the parser
+            match infer(&n.kind, &ops, Some(&c.ty), env) {
+                Ok(t) if t == c.ty => {}
+                Ok(t) => diags.push(
+                    Diagnostic::error(
+                        n.span,
+                        format!(
+                            "e-node has type {t}, but its e-class %{} has type {}",
+                            c.id, c.ty
+                        ),
+                    )
+                    .with_note(Some(c.span), "e-class declared here"),
+                ),
+                Err(e) => diags.push(e.into_diagnostic(n.span)),
+            }
+        }
     }
 }
