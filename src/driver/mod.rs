@@ -120,7 +120,10 @@ pub fn parse_args(args: &[String]) -> Result<Options, String> {
                     .ok_or_else(|| format!("--set takes NAME=VALUE, got `{v}`"))?;
                 let n: u64 = n
                     .parse()
-                    .map_err(|_| format!("--set {name}: `{n}` is not a non-negative integer"))?;
+                    .map_err(|_| format!("--set {name}: `{n}` is not a positive integer"))?;
+                if n == 0 {
+                    return Err(format!("--set {name}=0: `{name}` must be at least 1 (sizes and extents are positive)"));
+                }
                 if !crate::ir::is_dim_symbol(name) && !crate::ir::is_axis_name(name) {
                     return Err(format!("--set: `{name}` is neither a dimension (upper case) nor an axis (lower case)"));
                 }

@@ -52,7 +52,10 @@ impl ENode {
     }
 
     pub fn leaf(op: Op) -> ENode {
-        ENode { op, children: vec![] }
+        ENode {
+            op,
+            children: vec![],
+        }
     }
 
     /// The IR expression kind of this e-node with placeholder operands `0..n` (operand `i`
@@ -74,9 +77,21 @@ impl ENode {
             Op::Binary(b) => ExprKind::Binary(*b, c(0), c(1)),
             Op::Select => ExprKind::Select(c(0), c(1), c(2)),
             Op::Cast(t) => ExprKind::Cast(*t, c(0)),
-            Op::MatMul(acc) => ExprKind::MatMul { a: c(0), b: c(1), acc: *acc },
-            Op::TileMatMul(acc) => ExprKind::TileMatMul { a: c(0), b: c(1), acc: *acc },
-            Op::ReduceAxis { dim, reducer, keep_dims } => ExprKind::Reduce {
+            Op::MatMul(acc) => ExprKind::MatMul {
+                a: c(0),
+                b: c(1),
+                acc: *acc,
+            },
+            Op::TileMatMul(acc) => ExprKind::TileMatMul {
+                a: c(0),
+                b: c(1),
+                acc: *acc,
+            },
+            Op::ReduceAxis {
+                dim,
+                reducer,
+                keep_dims,
+            } => ExprKind::Reduce {
                 input: c(0),
                 over: ReduceOver::Axis(DimRef::Index(*dim)),
                 reducer: reducer.clone(),
@@ -97,17 +112,26 @@ impl ENode {
     /// The annotation a leaf carries (its declared type).
     pub fn leaf_type(&self) -> Option<Type> {
         match &self.op {
-            Op::Input(_, t) | Op::Constant(_, t) | Op::Fill(_, t) | Op::Iota(_, t) => Some(Type::Tensor(t.clone())),
+            Op::Input(_, t) | Op::Constant(_, t) | Op::Fill(_, t) | Op::Iota(_, t) => {
+                Some(Type::Tensor(t.clone()))
+            }
             _ => None,
         }
     }
 
     /// Builds the e-node for an IR node whose operands are the given classes. Dimension
     /// references resolve against the operand types (`types[i]` is operand `i`'s type).
-    pub fn from_node(node: &Node, param_index: Option<u32>, children: Vec<Id>, types: &[&Type]) -> Result<ENode, String> {
+    pub fn from_node(
+        node: &Node,
+        param_index: Option<u32>,
+        children: Vec<Id>,
+        types: &[&Type],
+    ) -> Result<ENode, String> {
         let dim = |d: &DimRef, i: usize| -> Result<usize, String> {
             match types.get(i) {
-                Some(Type::Tensor(t)) => crate::passes::typing::resolve_dim(&t.shape, d).map_err(|e| e.message),
+                Some(Type::Tensor(t)) => {
+                    crate::passes::typing::resolve_dim(&t.shape, d).map_err(|e| e.message)
+                }
                 _ => match d {
                     DimRef::Index(i) => Ok(*i),
                     DimRef::Name(n) => Err(format!("dimension {n} of a non-tensor")),
@@ -130,7 +154,9 @@ impl ENode {
             }
             ExprKind::Tuple(_) => Op::Tuple,
             ExprKind::Get(FieldRef::Index(i), _) => Op::Get(*i),
-            ExprKind::Get(FieldRef::Name(n), _) => return Err(format!("unresolved field name `{n}`")),
+            ExprKind::Get(FieldRef::Name(n), _) => {
+                return Err(format!("unresolved field name `{n}`"))
+            }
             ExprKind::Partition(d, a, _) => Op::Partition(dim(d, 0)?, a.clone()),
             ExprKind::Replicate(a, _) => Op::Replicate(a.clone()),
             ExprKind::Combination(d, a, _) => Op::Combination(dim(d, 0)?, a.clone()),
@@ -156,7 +182,9 @@ impl ENode {
                     // All fields reduce the same index (collections put |p| first).
                     let first = fs.first().ok_or("reduce of an empty tuple")?;
                     let i = dim(d, usize::MAX).or_else(|_| match first {
-                        Type::Tensor(t) => crate::passes::typing::resolve_dim(&t.shape, d).map_err(|e| e.message),
+                        Type::Tensor(t) => {
+                            crate::passes::typing::resolve_dim(&t.shape, d).map_err(|e| e.message)
+                        }
                         Type::Tuple(_) => Err("nested tuple".to_string()),
                     })?;
                     Op::ReduceAxis {

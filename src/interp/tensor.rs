@@ -72,7 +72,8 @@ pub fn round_to(dtype: DType, x: f32) -> f32 {
             if x.is_nan() {
                 0.0
             } else {
-                x.trunc().clamp(i32::MIN as f32, i32::MAX as f32)
+                // `+ 0.0` turns -0 into 0: integers have no negative zero.
+                x.trunc().clamp(i32::MIN as f32, i32::MAX as f32) + 0.0
             }
         }
         DType::I1 => {
@@ -237,9 +238,6 @@ impl Tensor {
                 let b0 = batch_offset(&bb, bi) * k * n;
                 for kk in 0..k {
                     let av = a.data[a0 + kk];
-                    if av == 0.0 {
-                        continue;
-                    }
                     let brow = &b.data[b0 + kk * n..b0 + (kk + 1) * n];
                     for (o, bv) in out.iter_mut().zip(brow) {
                         *o += av * bv;

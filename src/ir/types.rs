@@ -133,7 +133,7 @@ impl Dim {
         let base = match &self.base {
             DimBase::Lit(n) => *n,
             DimBase::Sym(s) => sizes(s).ok_or_else(|| {
-                format!("dimension {s} has no size; bind it in `where` or with --set {s}=N")
+                format!("dimension {s} has no size; bind it in `where` or with --set {s}=<size>")
             })?,
             DimBase::Extent(a) => {
                 sizes(a).ok_or_else(|| format!("parallel axis {a} has no extent"))?

@@ -89,6 +89,8 @@ struct Scope {
     /// Names defined anywhere in the body, to explain use-before-definition.
     later: HashMap<String, Loc>,
     in_reducer: bool,
+    /// Statements that failed to build: uses of their names are not reported again.
+    failed: std::collections::HashSet<String>,
     /// In an e-graph dump: the placeholder node made for each `%N` reference.
     class_refs: Option<Vec<(NodeId, u32)>>,
 }
@@ -170,6 +172,7 @@ impl Builder {
                 })
                 .collect(),
             in_reducer: false,
+            failed: Default::default(),
             class_refs: None,
         };
         self.statements(
@@ -210,7 +213,13 @@ impl Builder {
                     name_loc,
                     annot,
                     expr,
-                } => self.let_stmt(scope, name, *name_loc, annot.as_deref(), expr),
+                } => {
+                    let before = self.diags.len();
+                    self.let_stmt(scope, name, *name_loc, annot.as_deref(), expr);
+                    if self.diags[before..].iter().any(|d| d.is_error()) {
+                        scope.failed.insert(name.clone());
+                    }
+                }
                 Stmt::Return { values, loc } => {
                     let mut results = Vec::new();
                     for v in values {
@@ -471,6 +480,9 @@ impl Builder {
                     "nan" => return Some(self.scalar_constant(scope, f64::NAN, e.loc)),
                     _ => {}
                 }
+                if scope.failed.contains(n) {
+                    return None; // its definition was already reported
+                }
                 let mut d = self.err(e.loc, format!("use of undefined value `{n}`"));
                 if let Some(later) = scope.later.get(n) {
                     let later = *later;
@@ -527,8 +539,13 @@ impl Builder {
                 Some(id)
             }
             ExprAst::Neg(inner) => {
-                if let ExprAst::Number(v) = inner.ast {
-                    return Some(self.scalar_constant(scope, -v, e.loc));
+                // `-1.0` and `-inf` are literals (unless `inf` names a value).
+                match &inner.ast {
+                    ExprAst::Number(v) => return Some(self.scalar_constant(scope, -v, e.loc)),
+                    ExprAst::Name(n) if n == "inf" && !scope.names.contains_key(n) => {
+                        return Some(self.scalar_constant(scope, f64::NEG_INFINITY, e.loc))
+                    }
+                    _ => {}
                 }
                 let x = self.expr(scope, inner)?;
                 Some(self.new_node(scope, ExprKind::Unary(UnaryOp::Neg, x), e.loc))
@@ -951,6 +968,7 @@ impl Builder {
                     BracketArg::Int(i) => *i as f64,
                     BracketArg::Word(w) if w == "inf" => f64::INFINITY,
                     BracketArg::Word(w) if w == "-inf" => f64::NEG_INFINITY,
+                    BracketArg::Word(w) if w == "nan" => f64::NAN,
                     _ => {
                         let d = self.err(brackets[0].1, "`fill` takes a number, like `fill[0.0]`");
                         self.push(d);
@@ -1126,6 +1144,7 @@ impl Builder {
             names: HashMap::new(),
             later: HashMap::new(),
             in_reducer: false,
+            failed: Default::default(),
             class_refs: Some(Vec::new()),
         };
         let id = self.expr(&mut scope, e)?;
@@ -1232,6 +1251,7 @@ impl Builder {
                 })
                 .collect(),
             in_reducer: true,
+            failed: Default::default(),
             class_refs: None,
         };
         for (name, loc) in state.iter().chain(item.iter()) {

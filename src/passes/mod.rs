@@ -2,6 +2,7 @@
 //! options (`check{against=m0.ef tol=0.01}`), and reports counters for `--stats=json`.
 
 pub mod check;
+pub mod saturate;
 pub mod typing;
 pub mod verify;
 
@@ -42,6 +43,8 @@ pub enum OptionKind {
     /// Comma-separated `name:value` pairs.
     Extents,
     Choice(&'static [&'static str]),
+    /// Comma-separated subset of the given words.
+    List(&'static [&'static str]),
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -103,6 +106,10 @@ pub fn check_option(kind: OptionKind, value: &str) -> Result<(), String> {
             _ => Err(format!("expected `true` or `false`, found `{value}`")),
         },
         OptionKind::Extents => parse_extents(value).map(|_| ()),
+        OptionKind::List(words) => match value.split(',').find(|w| !words.contains(w)) {
+            Some(bad) => Err(format!("`{bad}` is not one of {}", words.join(", "))),
+            None => Ok(()),
+        },
         OptionKind::Choice(choices) => {
             if choices.contains(&value) {
                 Ok(())
@@ -146,6 +153,7 @@ pub fn registry() -> Vec<PassInfo> {
         },
         check::interpret_info(),
         check::check_info(),
+        saturate::saturate_info(),
     ]
 }
 

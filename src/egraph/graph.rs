@@ -1,0 +1,320 @@
+//! The typed e-graph: egg's e-graph over [`ENode`] with the verifier's type as the e-class
+//! analysis, plus conversion from a function, from a dump, and back to a dump.
+
+use super::lang::{ENode, Op};
+use crate::diag::Span;
+use crate::ir::*;
+use crate::passes::typing::{infer, TypeEnv};
+use egg::{DidMerge, Id, Language};
+use std::collections::HashMap;
+
+/// E-class data is the class's type, computed by the same typing code as `verify`. `None`
+/// only while an ill-typed e-node is being rejected.
+pub struct TypeAnalysis {
+    pub env: TypeEnv,
+    /// Merges of classes with different types (a bug in a rule), counted here as a last line
+    /// of defence; rule application checks types before union and names the rule.
+    pub conflicts: usize,
+}
+
+impl egg::Analysis<ENode> for TypeAnalysis {
+    type Data = Option<Type>;
+
+    fn make(egraph: &mut egg::EGraph<ENode, Self>, enode: &ENode, _id: Id) -> Self::Data {
+        let types: Option<Vec<Type>> = enode
+            .children
+            .iter()
+            .map(|c| egraph[*c].data.clone())
+            .collect();
+        let types = types?;
+        let refs: Vec<&Type> = types.iter().collect();
+        infer(
+            &enode.to_expr_kind(),
+            &refs,
+            enode.leaf_type().as_ref(),
+            &egraph.analysis.env,
+        )
+        .ok()
+    }
+
+    fn merge(&mut self, a: &mut Self::Data, b: Self::Data) -> DidMerge {
+        match (a.as_ref(), b) {
+            (Some(x), Some(y)) if *x == y => DidMerge(false, false),
+            (None, Some(y)) => {
+                *a = Some(y);
+                DidMerge(true, false)
+            }
+            (Some(_), None) => DidMerge(false, true),
+            (None, None) => DidMerge(false, false),
+            (Some(_), Some(_)) => {
+                self.conflicts += 1;
+                DidMerge(false, true)
+            }
+        }
+    }
+}
+
+pub type EGraph = egg::EGraph<ENode, TypeAnalysis>;
+
+/// An e-graph with the function interface it represents.
+pub struct TypedEGraph {
+    pub name: String,
+    pub name_span: Span,
+    pub bindings: Vec<Binding>,
+    pub egraph: EGraph,
+    pub roots: Vec<Id>,
+}
+
+fn new_egraph(reducers: &[ReducerDef]) -> EGraph {
+    egg::EGraph::new(TypeAnalysis {
+        env: TypeEnv::new(reducers),
+        conflicts: 0,
+    })
+}
+
+impl TypedEGraph {
+    /// Builds the e-graph of a verified function (one e-class per distinct expression).
+    pub fn from_function(f: &Function, reducers: &[ReducerDef]) -> Result<TypedEGraph, String> {
+        let mut egraph = new_egraph(reducers);
+        let body = &f.body;
+        let mut ids: Vec<Id> = Vec::with_capacity(body.nodes.len());
+        let env = TypeEnv::new(reducers);
+        for id in body.ids() {
+            let n = body.node(id);
+            let operands = n.kind.operands();
+            let types: Vec<&Type> = operands
+                .iter()
+                .map(|o| {
+                    body.ty(*o)
+                        .ok_or_else(|| "function is not verified".to_string())
+                })
+                .collect::<Result<_, _>>()?;
+            let kind = crate::passes::typing::resolve_field_name(body, &n.kind, &env)
+                .map_err(|e| e.message)?;
+            let node = Node {
+                kind: kind.unwrap_or_else(|| n.kind.clone()),
+                ..n.clone()
+            };
+            let pos = body.params.iter().position(|p| *p == id).map(|p| p as u32);
+            let children = operands.iter().map(|o| ids[o.index()]).collect();
+            let enode = ENode::from_node(&node, pos, children, &types)?;
+            ids.push(egraph.add(enode));
+        }
+        egraph.rebuild();
+        let roots = body
+            .results
+            .iter()
+            .map(|r| egraph.find(ids[r.index()]))
+            .collect();
+        Ok(TypedEGraph {
+            name: f.name.clone(),
+            name_span: f.name_span,
+            bindings: f.bindings.clone(),
+            egraph,
+            roots,
+        })
+    }
+
+    /// Rebuilds the e-graph a dump describes (the dump must verify).
+    pub fn from_dump(g: &EGraphDump, reducers: &[ReducerDef]) -> Result<TypedEGraph, String> {
+        let mut egraph = new_egraph(reducers);
+        let class_ty: HashMap<u32, &Type> = g.classes.iter().map(|c| (c.id, &c.ty)).collect();
+        let mut made: HashMap<u32, Id> = HashMap::new();
+        let mut pending: Vec<(u32, &DumpNode)> = g
+            .classes
+            .iter()
+            .flat_map(|c| c.nodes.iter().map(move |n| (c.id, n)))
+            .collect();
+        // E-nodes may refer to classes printed later, and cycles are allowed: add an e-node once
+        // all its children exist. Every class has an acyclic e-node, so this terminates.
+        while !pending.is_empty() {
+            let before = pending.len();
+            let mut rest = Vec::new();
+            for (cid, n) in pending {
+                let children: Option<Vec<Id>> =
+                    n.children.iter().map(|c| made.get(c).copied()).collect();
+                let Some(children) = children else {
+                    rest.push((cid, n));
+                    continue;
+                };
+                let types: Vec<&Type> = n
+                    .children
+                    .iter()
+                    .filter_map(|c| class_ty.get(c).copied())
+                    .collect();
+                let node = Node {
+                    kind: n.kind.clone(),
+                    name: None,
+                    annot: class_ty.get(&cid).map(|t| (*t).clone()),
+                    span: n.span,
+                    ty: None,
+                };
+                let enode = ENode::from_node(&node, n.input, children, &types)?;
+                let id = egraph.add(enode);
+                match made.get(&cid) {
+                    Some(&existing) => {
+                        egraph.union(existing, id);
+                    }
+                    None => {
+                        made.insert(cid, id);
+                    }
+                }
+            }
+            if rest.len() == before {
+                return Err("the dump has e-classes with no acyclic e-node".into());
+            }
+            pending = rest;
+        }
+        egraph.rebuild();
+        let roots = g
+            .roots
+            .iter()
+            .map(|r| {
+                made.get(r)
+                    .map(|id| egraph.find(*id))
+                    .ok_or_else(|| format!("root %{r} is not defined"))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(TypedEGraph {
+            name: g.name.clone(),
+            name_span: g.name_span,
+            bindings: g.bindings.clone(),
+            egraph,
+            roots,
+        })
+    }
+
+    /// The e-graph as a dump. Classes are numbered in a canonical order (by first appearance
+    /// in a depth-first walk from the roots over sorted e-nodes), so equal e-graphs print
+    /// equally however they were built.
+    pub fn to_dump(&self) -> EGraphDump {
+        let eg = &self.egraph;
+        let mut order: Vec<Id> = Vec::new();
+        let mut number: HashMap<Id, u32> = HashMap::new();
+        let sorted_nodes = |id: Id| {
+            let mut ns: Vec<ENode> = eg[id]
+                .nodes
+                .iter()
+                .map(|n| n.clone().map_children(|c| eg.find(c)))
+                .collect();
+            ns.sort();
+            ns.dedup();
+            ns
+        };
+        // Iterative post-order so that children are numbered before parents where possible.
+        // E-graphs have cycles: a class is expanded once, numbered when its walk completes.
+        let mut stack: Vec<(Id, bool)> = self
+            .roots
+            .iter()
+            .rev()
+            .map(|r| (eg.find(*r), false))
+            .collect();
+        let mut expanded_once = std::collections::HashSet::new();
+        while let Some((id, expanded)) = stack.pop() {
+            if number.contains_key(&id) {
+                continue;
+            }
+            if expanded {
+                number.insert(id, order.len() as u32);
+                order.push(id);
+                continue;
+            }
+            if !expanded_once.insert(id) {
+                continue;
+            }
+            stack.push((id, true));
+            for n in sorted_nodes(id).iter().rev() {
+                for c in n.children.iter().rev() {
+                    if !number.contains_key(c) {
+                        stack.push((*c, false));
+                    }
+                }
+            }
+        }
+        let classes = order
+            .iter()
+            .map(|id| DumpClass {
+                id: number[id],
+                ty: eg[*id].data.clone().unwrap_or(Type::Tuple(vec![])),
+                span: self.name_span,
+                nodes: sorted_nodes(*id)
+                    .into_iter()
+                    .map(|n| DumpNode {
+                        kind: named_dims(n.to_expr_kind(), &n, eg),
+                        children: n.children.iter().map(|c| number[c]).collect(),
+                        input: match n.op {
+                            Op::Input(pos, _) => Some(pos),
+                            _ => None,
+                        },
+                        span: self.name_span,
+                    })
+                    .collect(),
+            })
+            .collect();
+        EGraphDump {
+            name: self.name.clone(),
+            name_span: self.name_span,
+            bindings: self.bindings.clone(),
+            classes,
+            roots: self.roots.iter().map(|r| number[&eg.find(*r)]).collect(),
+            roots_span: self.name_span,
+        }
+    }
+
+    pub fn class_count(&self) -> usize {
+        self.egraph.number_of_classes()
+    }
+
+    pub fn node_count(&self) -> usize {
+        self.egraph.total_number_of_nodes()
+    }
+}
+
+/// Dimension references print by symbol where that is unambiguous (`partition[K,p]`).
+fn named_dims(kind: ExprKind, n: &ENode, eg: &EGraph) -> ExprKind {
+    let operand_shape = || -> Option<Vec<Dim>> {
+        match eg[*n.children.first()?].data.as_ref()? {
+            Type::Tensor(t) => Some(t.shape.clone()),
+            Type::Tuple(fs) => match fs.first()? {
+                Type::Tensor(t) => Some(t.shape.clone()),
+                Type::Tuple(_) => None,
+            },
+        }
+    };
+    let name = |shape: Option<Vec<Dim>>, d: &DimRef| -> DimRef {
+        match (shape, d) {
+            (Some(shape), DimRef::Index(i)) => {
+                let text = dim_ref_text(&shape, *i);
+                if is_dim_symbol(&text) {
+                    DimRef::Name(text)
+                } else {
+                    d.clone()
+                }
+            }
+            _ => d.clone(),
+        }
+    };
+    match kind {
+        ExprKind::Partition(d, a, x) => ExprKind::Partition(name(operand_shape(), &d), a, x),
+        ExprKind::Combination(d, a, x) => ExprKind::Combination(name(operand_shape(), &d), a, x),
+        ExprKind::Iota(d) => {
+            let shape = match &n.op {
+                Op::Iota(_, t) => Some(t.shape.clone()),
+                _ => None,
+            };
+            ExprKind::Iota(name(shape, &d))
+        }
+        ExprKind::Reduce {
+            input,
+            over: ReduceOver::Axis(d),
+            reducer,
+            keep_dims,
+        } => ExprKind::Reduce {
+            input,
+            over: ReduceOver::Axis(name(operand_shape(), &d)),
+            reducer,
+            keep_dims,
+        },
+        other => other,
+    }
+}

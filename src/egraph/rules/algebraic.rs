@@ -1,0 +1,171 @@
+//! Algebraic equalities (real arithmetic): commutativity, matmul reassociation and factor
+//! motion, which moves a factor invariant along the contraction dimension across a matmul —
+//! the identity normalisations need (a per-row scale commutes with a projection).
+
+use super::*;
+use crate::ir::BinaryOp;
+
+#[rustfmt::skip]
+pub static RULES: &[Rule] = &[
+    // name                    family               equation
+    Rule { name: "commute-add",        family: Family::Algebraic, equation: "a + b = b + a", find: commute_add },
+    Rule { name: "commute-multiply",   family: Family::Algebraic, equation: "a * b = b * a", find: commute_multiply },
+    Rule { name: "commute-maximum",    family: Family::Algebraic, equation: "maximum(a, b) = maximum(b, a)", find: commute_maximum },
+    Rule { name: "commute-minimum",    family: Family::Algebraic, equation: "minimum(a, b) = minimum(b, a)", find: commute_minimum },
+    Rule { name: "matmul-reassoc-right", family: Family::Algebraic, equation: "matmul(matmul(A,B),C) = matmul(A, matmul(B,C))", find: reassoc_right },
+    Rule { name: "matmul-reassoc-left", family: Family::Algebraic, equation: "matmul(A, matmul(B,C)) = matmul(matmul(A,B),C)", find: reassoc_left },
+    Rule { name: "factor-out-lhs",     family: Family::Algebraic, equation: "matmul(X ∘ a, W) = matmul(X, W) ∘ a  (∘ ∈ {*, /}; a invariant along K)", find: factor_out_lhs },
+    Rule { name: "factor-out-rhs",     family: Family::Algebraic, equation: "matmul(X, W ∘ a) = matmul(X, W) ∘ a  (∘ ∈ {*, /}; a invariant along K)", find: factor_out_rhs },
+    Rule { name: "factor-into-lhs",    family: Family::Algebraic, equation: "matmul(X, W) ∘ a = matmul(X ∘ a, W)  (∘ ∈ {*, /}; a invariant along N)", find: factor_into_lhs },
+];
+
+fn commute(op: BinaryOp, n: &ENode, out: &mut Vec<Term>) {
+    if n.op == Op::Binary(op) && n.children[0] != n.children[1] {
+        out.push(node(
+            n.op.clone(),
+            vec![cls(n.children[1]), cls(n.children[0])],
+        ));
+    }
+}
+
+fn commute_add(_eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+    commute(BinaryOp::Add, n, out)
+}
+
+fn commute_multiply(_eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+    commute(BinaryOp::Multiply, n, out)
+}
+
+fn commute_maximum(_eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+    commute(BinaryOp::Maximum, n, out)
+}
+
+fn commute_minimum(_eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+    commute(BinaryOp::Minimum, n, out)
+}
+
+fn reassoc_right(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+    let Op::MatMul(acc) = n.op else { return };
+    for inner in nodes(eg, n.children[0]) {
+        if let Op::MatMul(acc2) = inner.op {
+            if acc2 == acc {
+                let bc = node(
+                    Op::MatMul(acc),
+                    vec![cls(inner.children[1]), cls(n.children[1])],
+                );
+                out.push(node(Op::MatMul(acc), vec![cls(inner.children[0]), bc]));
+            }
+        }
+    }
+}
+
+fn reassoc_left(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+    let Op::MatMul(acc) = n.op else { return };
+    for inner in nodes(eg, n.children[1]) {
+        if let Op::MatMul(acc2) = inner.op {
+            if acc2 == acc {
+                let ab = node(
+                    Op::MatMul(acc),
+                    vec![cls(n.children[0]), cls(inner.children[0])],
+                );
+                out.push(node(Op::MatMul(acc), vec![ab, cls(inner.children[1])]));
+            }
+        }
+    }
+}
+
+/// True when `a` (a factor of an operand of rank `rank`) has size 1 (or no dimension) at
+/// operand dimension `dim`.
+fn invariant_at(a: &TensorType, rank: usize, dim: usize) -> bool {
+    let off = rank as isize - a.rank() as isize;
+    let l = dim as isize - off;
+    a.rank() <= rank && (l < 0 || a.shape[l as usize].is_one())
+}
+
+fn scaled_operands(eg: &EGraph, x: Id) -> Vec<(BinaryOp, Id, Id)> {
+    nodes(eg, x)
+        .iter()
+        .filter_map(|m| match m.op {
+            Op::Binary(b @ (BinaryOp::Multiply | BinaryOp::Divide)) => {
+                Some((b, m.children[0], m.children[1]))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn factor_out_lhs(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+    let Op::MatMul(acc) = n.op else { return };
+    let Some(tx) = tensor_type(eg, n.children[0]) else {
+        return;
+    };
+    let rank = tx.rank();
+    for (b, x, a) in scaled_operands(eg, n.children[0]) {
+        let candidates: Vec<(Id, Id)> = if b == BinaryOp::Multiply {
+            vec![(x, a), (a, x)]
+        } else {
+            vec![(x, a)]
+        };
+        for (x, a) in candidates {
+            let (Some(ta), Some(tx2)) = (tensor_type(eg, a), tensor_type(eg, x)) else {
+                continue;
+            };
+            if tx2.rank() != rank || !invariant_at(ta, rank, rank - 1) {
+                continue;
+            }
+            let prod = node(Op::MatMul(acc), vec![cls(x), cls(n.children[1])]);
+            out.push(node(Op::Binary(b), vec![prod, cls(a)]));
+        }
+    }
+}
+
+fn factor_out_rhs(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+    let Op::MatMul(acc) = n.op else { return };
+    let Some(tw) = tensor_type(eg, n.children[1]) else {
+        return;
+    };
+    let rank = tw.rank();
+    for (b, w, a) in scaled_operands(eg, n.children[1]) {
+        let candidates: Vec<(Id, Id)> = if b == BinaryOp::Multiply {
+            vec![(w, a), (a, w)]
+        } else {
+            vec![(w, a)]
+        };
+        for (w, a) in candidates {
+            let (Some(ta), Some(tw2)) = (tensor_type(eg, a), tensor_type(eg, w)) else {
+                continue;
+            };
+            if tw2.rank() != rank || !invariant_at(ta, rank, rank - 2) {
+                continue;
+            }
+            let prod = node(Op::MatMul(acc), vec![cls(n.children[0]), cls(w)]);
+            out.push(node(Op::Binary(b), vec![prod, cls(a)]));
+        }
+    }
+}
+
+fn factor_into_lhs(eg: &EGraph, class: Id, n: &ENode, out: &mut Vec<Term>) {
+    let Op::Binary(b @ (BinaryOp::Multiply | BinaryOp::Divide)) = n.op else {
+        return;
+    };
+    let Some(tout) = tensor_type(eg, class) else {
+        return;
+    };
+    let (m, a) = (n.children[0], n.children[1]);
+    let Some(ta) = tensor_type(eg, a) else { return };
+    let rank = tout.rank();
+    if !invariant_at(ta, rank, rank - 1) || !ta.par.is_empty() {
+        return;
+    }
+    for mm in nodes(eg, m) {
+        let Op::MatMul(acc) = mm.op else { continue };
+        let Some(tx) = tensor_type(eg, mm.children[0]) else {
+            continue;
+        };
+        if tx.rank() != rank {
+            continue;
+        }
+        let scaled = node(Op::Binary(b), vec![cls(mm.children[0]), cls(a)]);
+        out.push(node(Op::MatMul(acc), vec![scaled, cls(mm.children[1])]));
+    }
+}

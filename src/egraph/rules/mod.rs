@@ -1,0 +1,124 @@
+//! The equality-rule library. See `README.md` in this folder for the policy every rule
+//! follows. A rule looks at one e-node of one e-class and proposes equal terms; the runner
+//! type-checks each proposal against the class before the union, so a wrong rule is reported
+//! by name instead of silently merging values of different types.
+
+mod algebraic;
+mod propagation;
+mod refinement;
+mod storage;
+mod structural;
+
+use super::graph::EGraph;
+use super::lang::{ENode, Op};
+use crate::ir::{Dim, DimBase, ParState, TensorType, Type};
+use egg::Id;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub enum Family {
+    Algebraic,
+    Refinement,
+    Propagation,
+    Fusion,
+    Structural,
+    Storage,
+}
+
+impl Family {
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Algebraic => "algebraic",
+            Family::Refinement => "refinement",
+            Family::Propagation => "propagation",
+            Family::Fusion => "fusion",
+            Family::Structural => "structural",
+            Family::Storage => "storage",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Family> {
+        [
+            Family::Algebraic,
+            Family::Refinement,
+            Family::Propagation,
+            Family::Fusion,
+            Family::Structural,
+            Family::Storage,
+        ]
+        .into_iter()
+        .find(|f| f.name() == s)
+    }
+}
+
+/// A term to add to the e-graph: existing classes at the leaves.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Term {
+    Class(Id),
+    Node(Op, Vec<Term>),
+}
+
+pub fn node(op: Op, kids: Vec<Term>) -> Term {
+    Term::Node(op, kids)
+}
+
+pub fn cls(id: Id) -> Term {
+    Term::Class(id)
+}
+
+/// Proposals of one rule at one e-node: terms equal to the e-node's class.
+pub type Finder = fn(&EGraph, Id, &ENode, &mut Vec<Term>);
+
+pub struct Rule {
+    pub name: &'static str,
+    pub family: Family,
+    pub equation: &'static str,
+    pub find: Finder,
+}
+
+/// Every rule, grouped by family.
+pub fn all_rules() -> Vec<&'static Rule> {
+    let mut v: Vec<&'static Rule> = Vec::new();
+    v.extend(algebraic::RULES.iter());
+    v.extend(refinement::RULES.iter());
+    v.extend(propagation::RULES.iter());
+    v.extend(structural::RULES.iter());
+    v.extend(storage::RULES.iter());
+    v
+}
+
+// ---- helpers shared by the rule families ----
+
+pub fn class_type(eg: &EGraph, id: Id) -> Option<&Type> {
+    eg[id].data.as_ref()
+}
+
+pub fn tensor_type(eg: &EGraph, id: Id) -> Option<&TensorType> {
+    match class_type(eg, id)? {
+        Type::Tensor(t) => Some(t),
+        Type::Tuple(_) => None,
+    }
+}
+
+/// The parallel axis a refinement introduces for a dimension: named after it (`Q` → `q`,
+/// `D_V` → `d_v`, `4096` → `n4096`), so that producer and consumer tiles of the same
+/// dimension line up under propagation. Tile dimensions and axis extents are not refined.
+pub fn axis_for(dim: &Dim) -> Option<String> {
+    if !dim.splits.is_empty() {
+        return None;
+    }
+    match &dim.base {
+        DimBase::Sym(s) => Some(s.to_ascii_lowercase()),
+        DimBase::Lit(n) if *n > 1 => Some(format!("n{n}")),
+        _ => None,
+    }
+}
+
+/// True when `axis` is free in every given state.
+pub fn fresh(axis: &str, states: &[&ParState]) -> bool {
+    states.iter().all(|s| s.get(axis).is_none())
+}
+
+/// The e-nodes of a class (canonical children).
+pub fn nodes(eg: &EGraph, id: Id) -> &[ENode] {
+    &eg[id].nodes
+}

@@ -1,0 +1,89 @@
+//! Structural equalities between parallel views: cancelling a combination with the
+//! partition that undoes it, and reordering independent views.
+
+use super::*;
+
+#[rustfmt::skip]
+pub static RULES: &[Rule] = &[
+    // name                             family                equation
+    Rule { name: "partition-of-combination", family: Family::Structural, equation: "partition[d,a](combination[d,a](x)) = x", find: partition_of_combination },
+    Rule { name: "combination-of-partition", family: Family::Structural, equation: "combination[d,a](partition[d,a](x)) = x", find: combination_of_partition },
+    Rule { name: "partition-replicate-swap", family: Family::Structural, equation: "partition[d,p](replicate[q](x)) = replicate[q](partition[d,p](x))", find: partition_replicate_swap },
+    Rule { name: "replicate-partition-swap", family: Family::Structural, equation: "replicate[q](partition[d,p](x)) = partition[d,p](replicate[q](x))", find: replicate_partition_swap },
+    Rule { name: "partition-partition-swap", family: Family::Structural, equation: "partition[d,p](partition[e,q](x)) = partition[e,q](partition[d,p](x))", find: partition_partition_swap },
+    Rule { name: "replicate-replicate-swap", family: Family::Structural, equation: "replicate[p](replicate[q](x)) = replicate[q](replicate[p](x))", find: replicate_replicate_swap },
+];
+
+fn partition_of_combination(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+    let Op::Partition(d, a) = &n.op else { return };
+    for c in nodes(eg, n.children[0]) {
+        if c.op == Op::Combination(*d, a.clone()) {
+            out.push(cls(c.children[0]));
+        }
+    }
+}
+
+fn combination_of_partition(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+    let Op::Combination(d, a) = &n.op else { return };
+    for p in nodes(eg, n.children[0]) {
+        if p.op == Op::Partition(*d, a.clone()) {
+            out.push(cls(p.children[0]));
+        }
+    }
+}
+
+fn partition_replicate_swap(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+    let Op::Partition(d, p) = &n.op else { return };
+    for r in nodes(eg, n.children[0]) {
+        if let Op::Replicate(q) = &r.op {
+            out.push(node(
+                r.op.clone(),
+                vec![node(Op::Partition(*d, p.clone()), vec![cls(r.children[0])])],
+            ));
+            let _ = q;
+        }
+    }
+}
+
+fn replicate_partition_swap(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+    let Op::Replicate(q) = &n.op else { return };
+    for p in nodes(eg, n.children[0]) {
+        if let Op::Partition(..) = &p.op {
+            out.push(node(
+                p.op.clone(),
+                vec![node(Op::Replicate(q.clone()), vec![cls(p.children[0])])],
+            ));
+        }
+    }
+}
+
+fn partition_partition_swap(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+    let Op::Partition(d, p) = &n.op else { return };
+    for inner in nodes(eg, n.children[0]) {
+        if let Op::Partition(e, q) = &inner.op {
+            if e != d && p != q {
+                out.push(node(
+                    inner.op.clone(),
+                    vec![node(
+                        Op::Partition(*d, p.clone()),
+                        vec![cls(inner.children[0])],
+                    )],
+                ));
+            }
+        }
+    }
+}
+
+fn replicate_replicate_swap(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+    let Op::Replicate(p) = &n.op else { return };
+    for inner in nodes(eg, n.children[0]) {
+        if let Op::Replicate(q) = &inner.op {
+            if p != q {
+                out.push(node(
+                    inner.op.clone(),
+                    vec![node(Op::Replicate(p.clone()), vec![cls(inner.children[0])])],
+                ));
+            }
+        }
+    }
+}

@@ -1,0 +1,234 @@
+//! Equality saturation: search every rule over every e-node, type-check and add the
+//! proposed terms, union, rebuild — until nothing changes or a limit stops it.
+
+use super::graph::TypedEGraph;
+use super::lang::ENode;
+use super::rules::{Family, Rule, Term};
+use crate::ir::Type;
+use crate::passes::typing::infer;
+use egg::Id;
+use std::time::{Duration, Instant};
+
+/// Why saturation stopped.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub enum StopReason {
+    Saturated,
+    IterationLimit(usize),
+    NodeLimit(usize),
+    TimeLimit(f64),
+}
+
+impl std::fmt::Display for StopReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StopReason::Saturated => f.write_str("saturated"),
+            StopReason::IterationLimit(n) => write!(f, "iteration limit ({n}) reached"),
+            StopReason::NodeLimit(n) => write!(f, "node limit ({n}) reached"),
+            StopReason::TimeLimit(s) => write!(f, "time limit ({s} s) reached"),
+        }
+    }
+}
+
+/// A rule proposal that could not be added: an ill-typed term, or a term whose type differs
+/// from the class it should join. Either is a bug in that rule.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RuleBug {
+    pub rule: &'static str,
+    pub message: String,
+}
+
+#[derive(Clone, Debug)]
+pub struct Report {
+    pub stop: StopReason,
+    pub iterations: usize,
+    pub classes: usize,
+    pub nodes: usize,
+    pub seconds: f64,
+    pub applications: Vec<(&'static str, usize)>,
+    pub bugs: Vec<RuleBug>,
+}
+
+/// Builder-style limits, as in egg.
+pub struct Runner {
+    pub node_limit: usize,
+    pub iter_limit: usize,
+    pub time_limit: Duration,
+    pub families: Vec<Family>,
+    /// Called after each iteration with (iteration, classes, nodes, elapsed seconds).
+    pub progress: Option<Box<dyn FnMut(usize, usize, usize, f64)>>,
+}
+
+impl Default for Runner {
+    fn default() -> Self {
+        Runner {
+            node_limit: 20_000,
+            iter_limit: 30,
+            time_limit: Duration::from_secs(30),
+            families: vec![
+                Family::Algebraic,
+                Family::Refinement,
+                Family::Propagation,
+                Family::Fusion,
+                Family::Structural,
+                Family::Storage,
+            ],
+            progress: None,
+        }
+    }
+}
+
+impl Runner {
+    pub fn with_node_limit(mut self, n: usize) -> Self {
+        self.node_limit = n;
+        self
+    }
+
+    pub fn with_iter_limit(mut self, n: usize) -> Self {
+        self.iter_limit = n;
+        self
+    }
+
+    pub fn with_time_limit(mut self, d: Duration) -> Self {
+        self.time_limit = d;
+        self
+    }
+
+    pub fn with_families(mut self, f: Vec<Family>) -> Self {
+        self.families = f;
+        self
+    }
+
+    pub fn run(mut self, g: &mut TypedEGraph, rules: &[&'static Rule]) -> Report {
+        let start = Instant::now();
+        let rules: Vec<&'static Rule> = rules
+            .iter()
+            .copied()
+            .filter(|r| self.families.contains(&r.family))
+            .collect();
+        let mut applications: Vec<(&'static str, usize)> =
+            rules.iter().map(|r| (r.name, 0)).collect();
+        let mut bugs = Vec::new();
+        let mut iterations = 0;
+        let stop = loop {
+            if iterations >= self.iter_limit {
+                break StopReason::IterationLimit(self.iter_limit);
+            }
+            if start.elapsed() > self.time_limit {
+                break StopReason::TimeLimit(self.time_limit.as_secs_f64());
+            }
+            iterations += 1;
+            // Search: proposals from a snapshot of the e-graph, in a deterministic order.
+            let mut classes: Vec<Id> = g.egraph.classes().map(|c| c.id).collect();
+            classes.sort();
+            let mut proposals: Vec<(usize, Id, Term)> = Vec::new();
+            for (ri, rule) in rules.iter().enumerate() {
+                for &c in &classes {
+                    let enodes: Vec<ENode> = g.egraph[c].nodes.clone();
+                    for n in &enodes {
+                        let mut out = Vec::new();
+                        (rule.find)(&g.egraph, c, n, &mut out);
+                        proposals.extend(out.into_iter().map(|t| (ri, c, t)));
+                    }
+                }
+            }
+            // Apply.
+            let (nodes_before, classes_before) = (
+                g.egraph.total_number_of_nodes(),
+                g.egraph.number_of_classes(),
+            );
+            let mut unions = 0;
+            let mut hit_node_limit = false;
+            for (ri, class, term) in proposals {
+                if g.egraph.total_number_of_nodes() >= self.node_limit {
+                    hit_node_limit = true;
+                    break;
+                }
+                let want = g.egraph[class].data.clone();
+                match add_term(g, &term) {
+                    Ok((id, ty)) => {
+                        if Some(&ty) != want.as_ref() {
+                            let shown = want.map(|t| t.to_string()).unwrap_or_default();
+                            bugs.push(RuleBug {
+                                rule: rules[ri].name,
+                                message: format!(
+                                    "proposed a term of type {ty} for an e-class of type {shown}"
+                                ),
+                            });
+                            continue;
+                        }
+                        if g.egraph.union(class, id) {
+                            unions += 1;
+                            applications[ri].1 += 1;
+                        }
+                    }
+                    Err(e) => bugs.push(RuleBug {
+                        rule: rules[ri].name,
+                        message: format!("proposed an ill-typed term: {e}"),
+                    }),
+                }
+            }
+            g.egraph.rebuild();
+            if let Some(p) = self.progress.as_mut() {
+                p(
+                    iterations,
+                    g.egraph.number_of_classes(),
+                    g.egraph.total_number_of_nodes(),
+                    start.elapsed().as_secs_f64(),
+                );
+            }
+            if hit_node_limit || g.egraph.total_number_of_nodes() > self.node_limit {
+                break StopReason::NodeLimit(self.node_limit);
+            }
+            let changed = unions > 0
+                || g.egraph.total_number_of_nodes() != nodes_before
+                || g.egraph.number_of_classes() != classes_before;
+            if !changed {
+                break StopReason::Saturated;
+            }
+        };
+        bugs.sort_by(|a, b| (a.rule, &a.message).cmp(&(b.rule, &b.message)));
+        bugs.dedup();
+        let roots: Vec<Id> = g.roots.iter().map(|r| g.egraph.find(*r)).collect();
+        g.roots = roots;
+        Report {
+            stop,
+            iterations,
+            classes: g.egraph.number_of_classes(),
+            nodes: g.egraph.total_number_of_nodes(),
+            seconds: start.elapsed().as_secs_f64(),
+            applications,
+            bugs,
+        }
+    }
+}
+
+/// Adds a term bottom-up, checking each new e-node's type with the verifier's rules.
+pub fn add_term(g: &mut TypedEGraph, term: &Term) -> Result<(Id, Type), String> {
+    match term {
+        Term::Class(id) => {
+            let id = g.egraph.find(*id);
+            let ty = g.egraph[id].data.clone().ok_or("untyped e-class")?;
+            Ok((id, ty))
+        }
+        Term::Node(op, kids) => {
+            let mut ids = Vec::new();
+            let mut types = Vec::new();
+            for k in kids {
+                let (id, t) = add_term(g, k)?;
+                ids.push(id);
+                types.push(t);
+            }
+            let enode = ENode::new(op.clone(), ids);
+            let refs: Vec<&Type> = types.iter().collect();
+            let ty = infer(
+                &enode.to_expr_kind(),
+                &refs,
+                enode.leaf_type().as_ref(),
+                &g.egraph.analysis.env,
+            )
+            .map_err(|e| e.message)?;
+            let id = g.egraph.add(enode);
+            Ok((id, ty))
+        }
+    }
+}

@@ -1,0 +1,172 @@
+//! `saturate` builds the e-graph of every function and runs equality saturation; the module
+//! then holds e-graph dumps. `expect-contains` checks that an e-graph represents a program.
+
+use super::{OptionInfo, OptionKind, Pass, PassContext, PassInfo, PassOptions};
+use crate::diag::{Diagnostic, Severity};
+use crate::egraph::rules::{all_rules, Family};
+use crate::egraph::runner::Runner;
+use crate::egraph::TypedEGraph;
+use crate::ir::{EGraphDump, Module};
+use std::io::IsTerminal;
+use std::time::Duration;
+
+pub fn saturate_info() -> PassInfo {
+    const OPTIONS: &[OptionInfo] = &[
+        OptionInfo {
+            name: "node-limit",
+            kind: OptionKind::Int,
+            default: "20000",
+            help: "stop when the e-graph has this many e-nodes",
+        },
+        OptionInfo {
+            name: "iter-limit",
+            kind: OptionKind::Int,
+            default: "30",
+            help: "stop after this many iterations",
+        },
+        OptionInfo {
+            name: "time-limit",
+            kind: OptionKind::Float,
+            default: "30",
+            help: "stop after this many seconds",
+        },
+        OptionInfo {
+            name: "families",
+            kind: OptionKind::List(&[
+                "algebraic",
+                "refinement",
+                "propagation",
+                "fusion",
+                "structural",
+                "storage",
+            ]),
+            default: "algebraic,refinement,propagation,fusion,structural,storage",
+            help: "rule families to use (comma-separated)",
+        },
+    ];
+    PassInfo {
+        name: "saturate",
+        summary: "Build each function's e-graph and saturate it with the equality rules; the module then holds e-graph dumps",
+        options: OPTIONS,
+        create: |info, opts| Box::new(SaturatePass::new(info, opts)),
+    }
+}
+
+struct SaturatePass {
+    node_limit: usize,
+    iter_limit: usize,
+    time_limit: f64,
+    families: Vec<Family>,
+}
+
+impl SaturatePass {
+    fn new(info: &PassInfo, opts: &PassOptions) -> SaturatePass {
+        SaturatePass {
+            node_limit: opts.get(info, "node-limit").parse().unwrap_or(20_000),
+            iter_limit: opts.get(info, "iter-limit").parse().unwrap_or(30),
+            time_limit: opts.get(info, "time-limit").parse().unwrap_or(30.0),
+            families: opts
+                .get(info, "families")
+                .split(',')
+                .filter_map(Family::parse)
+                .collect(),
+        }
+    }
+}
+
+impl Pass for SaturatePass {
+    fn name(&self) -> &'static str {
+        "saturate"
+    }
+
+    fn run(&mut self, module: &mut Module, cx: &mut PassContext) -> Result<(), Vec<Diagnostic>> {
+        let mut graphs = Vec::new();
+        for f in &module.funcs {
+            let g = TypedEGraph::from_function(f, &module.reducers).map_err(|e| {
+                vec![Diagnostic::error(
+                    f.name_span,
+                    format!("cannot build the e-graph: {e}"),
+                )]
+            })?;
+            graphs.push(g);
+        }
+        for d in &module.egraphs {
+            let g = TypedEGraph::from_dump(d, &module.reducers).map_err(|e| {
+                vec![Diagnostic::error(
+                    d.name_span,
+                    format!("cannot rebuild the e-graph: {e}"),
+                )]
+            })?;
+            graphs.push(g);
+        }
+        let rules = all_rules();
+        let mut dumps: Vec<EGraphDump> = Vec::new();
+        let mut per_graph = Vec::new();
+        let mut errors = Vec::new();
+        let show_progress = std::io::stderr().is_terminal();
+        for mut g in graphs {
+            let name = g.name.clone();
+            let mut runner = Runner::default()
+                .with_node_limit(self.node_limit)
+                .with_iter_limit(self.iter_limit)
+                .with_time_limit(Duration::from_secs_f64(self.time_limit))
+                .with_families(self.families.clone());
+            if show_progress {
+                runner.progress = Some(Box::new(move |it, classes, nodes, secs| {
+                    if secs > 1.0 {
+                        eprint!("\r// saturate @{name}: iteration {it}, {classes} e-classes, {nodes} e-nodes, {secs:.1} s   ");
+                    }
+                }));
+            }
+            let report = runner.run(&mut g, &rules);
+            if show_progress && report.seconds > 1.0 {
+                eprintln!();
+            }
+            for bug in &report.bugs {
+                errors.push(
+                    Diagnostic::error(g.name_span, format!("rule `{}` {}", bug.rule, bug.message))
+                        .with_help("a rule proposed a term that is not equal in type to its e-class; this is a bug in the rule"),
+                );
+            }
+            if report.stop != crate::egraph::runner::StopReason::Saturated {
+                cx.diagnostics.push(Diagnostic::global(
+                    Severity::Remark,
+                    format!("saturate @{}: stopped: {}", g.name, report.stop),
+                ));
+            }
+            cx.report.push(format!(
+                "// saturate @{}: {} e-classes, {} e-nodes, {} iterations, {}, {:.3} s",
+                g.name,
+                report.classes,
+                report.nodes,
+                report.iterations,
+                report.stop,
+                report.seconds
+            ));
+            let applied: serde_json::Map<String, serde_json::Value> = report
+                .applications
+                .iter()
+                .filter(|(_, n)| *n > 0)
+                .map(|(r, n)| (r.to_string(), (*n).into()))
+                .collect();
+            per_graph.push(serde_json::json!({
+                "egraph": g.name,
+                "eclasses": report.classes,
+                "enodes": report.nodes,
+                "iterations": report.iterations,
+                "stop_reason": report.stop.to_string(),
+                "seconds": report.seconds,
+                "rule_applications": applied,
+            }));
+            dumps.push(g.to_dump());
+        }
+        cx.counters
+            .insert("egraphs".into(), serde_json::Value::Array(per_graph));
+        if !errors.is_empty() {
+            return Err(errors);
+        }
+        module.funcs.clear();
+        module.egraphs = dumps;
+        Ok(())
+    }
+}
