@@ -29,6 +29,7 @@ PIPELINE:
     --passes=PIPELINE         comma-separated passes with options in braces:
                               --passes='verify,check{against=m0.ef tol=0.01}'
     --list-passes             list every pass with its summary and options
+    --list-rules              list every equality rule: family, name, equation
     --verify-each=BOOL        verify after every pass (default: on in debug builds)
 
 INPUT AND OUTPUT:
@@ -61,6 +62,7 @@ pub struct Options {
     pub output: Option<String>,
     pub pipeline: Option<String>,
     pub list_passes: bool,
+    pub list_rules: bool,
     pub verify_each: bool,
     pub split_input_file: bool,
     pub verify_diagnostics: bool,
@@ -103,6 +105,7 @@ pub fn parse_args(args: &[String]) -> Result<Options, String> {
             "-V" | "--version" => return Err("version".into()),
             "--passes" | "-p" => o.pipeline = Some(value(&key)?),
             "--list-passes" => o.list_passes = true,
+            "--list-rules" => o.list_rules = true,
             "--verify-each" => {
                 o.verify_each = match inline_val.as_deref() {
                     None | Some("true") => true,
@@ -189,6 +192,20 @@ pub fn list_passes() -> String {
     s
 }
 
+pub fn list_rules() -> String {
+    let rules = crate::egraph::rules::all_rules();
+    let mut s = format!("{} equality rules:\n", rules.len());
+    for r in rules {
+        s.push_str(&format!(
+            "  {:<12} {:<28} {}\n",
+            r.family.name(),
+            r.name,
+            r.equation
+        ));
+    }
+    s
+}
+
 /// The result of processing one input chunk.
 struct ChunkOutcome {
     output: String,
@@ -219,6 +236,10 @@ pub fn run(args: &[String]) -> i32 {
     };
     if opts.list_passes {
         print!("{}", list_passes());
+        return 0;
+    }
+    if opts.list_rules {
+        print!("{}", list_rules());
         return 0;
     }
     let color = opts.color.unwrap_or_else(|| {

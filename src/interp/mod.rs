@@ -161,14 +161,45 @@ impl Sizes {
     /// Sizes for a function: its `where` bindings, then a default extent for every parallel axis
     /// it partitions with: the largest divisor, at most `max_extent`, of the partitioned sizes.
     pub fn for_function(f: &Function, max_extent: u64) -> Sizes {
-        let mut sizes = Sizes(
+        let bound = Sizes(
             f.bindings
                 .iter()
                 .map(|b| (b.name.clone(), b.value))
                 .collect(),
         );
-        let mut gcds: BTreeMap<String, u64> = BTreeMap::new();
-        let mut mentioned: Vec<String> = Vec::new();
+        let mut views: Vec<(String, Option<u64>)> = Vec::new();
+        for n in &f.body.nodes {
+            match &n.kind {
+                ExprKind::Partition(d, a, x) => {
+                    let size = match f.body.ty(*x) {
+                        Some(Type::Tensor(t)) => crate::passes::typing::resolve_dim(&t.shape, d)
+                            .ok()
+                            .and_then(|i| t.shape[i].eval(&|s| bound.get(s)).ok()),
+                        _ => None,
+                    };
+                    views.push((a.clone(), size));
+                }
+                ExprKind::Replicate(a, _)
+                | ExprKind::Collection(a, _)
+                | ExprKind::Combination(_, a, _) => views.push((a.clone(), None)),
+                ExprKind::Reduce {
+                    over: ReduceOver::Parallel(a),
+                    ..
+                } => views.push((a.clone(), None)),
+                _ => {}
+            }
+        }
+        bound.with_default_extents(&views, max_extent)
+    }
+
+    /// Adds an extent for every axis in `views` that has none: the largest divisor, at most
+    /// `max_extent`, of all sizes the axis partitions (`Some(size)`), or 2 if it partitions
+    /// nothing.
+    pub fn with_default_extents(
+        mut self,
+        views: &[(String, Option<u64>)],
+        max_extent: u64,
+    ) -> Sizes {
         fn gcd(a: u64, b: u64) -> u64 {
             if b == 0 {
                 a
@@ -176,44 +207,28 @@ impl Sizes {
                 gcd(b, a % b)
             }
         }
-        for n in &f.body.nodes {
-            let axis = match &n.kind {
-                ExprKind::Partition(d, a, x) => {
-                    if let Some(Type::Tensor(t)) = f.body.ty(*x) {
-                        if let Ok(i) = crate::passes::typing::resolve_dim(&t.shape, d) {
-                            if let Ok(size) = t.shape[i].eval(&|s| sizes.get(s)) {
-                                let g = gcds.entry(a.clone()).or_insert(0);
-                                *g = gcd(*g, size);
-                            }
-                        }
-                    }
-                    a
-                }
-                ExprKind::Replicate(a, _)
-                | ExprKind::Collection(a, _)
-                | ExprKind::Combination(_, a, _) => a,
-                ExprKind::Reduce {
-                    over: ReduceOver::Parallel(a),
-                    ..
-                } => a,
-                _ => continue,
-            };
-            mentioned.push(axis.clone());
+        let mut gcds: BTreeMap<&str, u64> = BTreeMap::new();
+        for (a, size) in views {
+            let g = gcds.entry(a.as_str()).or_insert(0);
+            if let Some(s) = size {
+                *g = gcd(*g, *s);
+            }
         }
-        for a in mentioned {
-            if sizes.get(&a).is_some() {
+        for (a, g) in gcds {
+            if self.get(a).is_some() {
                 continue;
             }
-            let e = match gcds.get(&a) {
-                Some(&g) if g > 0 => (1..=max_extent.min(g))
+            let e = if g > 0 {
+                (1..=max_extent.min(g))
                     .rev()
                     .find(|d| g % d == 0)
-                    .unwrap_or(1),
-                _ => 2,
+                    .unwrap_or(1)
+            } else {
+                2
             };
-            sizes.0.insert(a, e);
+            self.0.insert(a.to_string(), e);
         }
-        sizes
+        self
     }
 }
 

@@ -2,6 +2,7 @@
 //! options (`check{against=m0.ef tol=0.01}`), and reports counters for `--stats=json`.
 
 pub mod check;
+pub mod contains;
 pub mod saturate;
 pub mod typing;
 pub mod verify;
@@ -154,6 +155,7 @@ pub fn registry() -> Vec<PassInfo> {
         check::interpret_info(),
         check::check_info(),
         saturate::saturate_info(),
+        contains::info(),
     ]
 }
 

@@ -1,0 +1,301 @@
+//! `expect-contains{program=FILE}`: fails unless each e-graph's root classes represent the
+//! given program, up to renaming of parallel axes (consistently, one-to-one) and of user
+//! reducers with the same definition.
+
+use super::{OptionInfo, OptionKind, Pass, PassContext, PassInfo};
+use crate::diag::{Diagnostic, Severity};
+use crate::egraph::{ENode, Op, TypedEGraph};
+use crate::ir::print::{print_reducer, PrintOptions};
+use crate::ir::*;
+use egg::Id;
+
+pub fn info() -> PassInfo {
+    const OPTIONS: &[OptionInfo] = &[OptionInfo {
+        name: "program",
+        kind: OptionKind::Path,
+        default: "",
+        help: "the program every e-graph must represent (one function, or one of the same name)",
+    }];
+    PassInfo {
+        name: "expect-contains",
+        summary: "Fail unless the e-graph's result classes represent the given program (up to axis and reducer renaming)",
+        options: OPTIONS,
+        create: |info, opts| {
+            Box::new(ContainsPass {
+                program: opts.get(info, "program").to_string(),
+            })
+        },
+    }
+}
+
+struct ContainsPass {
+    program: String,
+}
+
+/// Matching state: the axis renaming (program → e-graph) and a step budget.
+struct Matcher<'a> {
+    g: &'a TypedEGraph,
+    body: &'a Body,
+    prog_reducers: &'a [ReducerDef],
+    graph_reducers: &'a [ReducerDef],
+    axes: Vec<(String, String)>,
+    steps: usize,
+}
+
+const STEP_BUDGET: usize = 2_000_000;
+
+impl Matcher<'_> {
+    fn map_axis(&mut self, prog: &str, graph: &str) -> bool {
+        if let Some((_, g)) = self.axes.iter().find(|(p, _)| p == prog) {
+            return g == graph;
+        }
+        if self.axes.iter().any(|(_, g)| g == graph) {
+            return false;
+        }
+        self.axes.push((prog.to_string(), graph.to_string()));
+        true
+    }
+
+    fn same_reducer(&self, a: &ReducerRef, b: &ReducerRef) -> bool {
+        match (a, b) {
+            (ReducerRef::Builtin(x), ReducerRef::Builtin(y)) => x == y,
+            (ReducerRef::User(x), ReducerRef::User(y)) => {
+                let def = |rs: &[ReducerDef], n: &str| {
+                    rs.iter().find(|r| r.name == n).map(|r| {
+                        let mut r = r.clone();
+                        r.name = String::new();
+                        print_reducer(&r, PrintOptions::default())
+                    })
+                };
+                x == y
+                    || (def(self.prog_reducers, x).is_some()
+                        && def(self.prog_reducers, x) == def(self.graph_reducers, y))
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether the ops agree, extending the axis map as needed.
+    fn ops_match(&mut self, p: &Op, g: &Op) -> bool {
+        match (p, g) {
+            (Op::Partition(d1, a1), Op::Partition(d2, a2))
+            | (Op::Combination(d1, a1), Op::Combination(d2, a2)) => {
+                d1 == d2
+                    && std::mem::discriminant(p) == std::mem::discriminant(g)
+                    && self.map_axis(a1, a2)
+            }
+            (Op::Replicate(a1), Op::Replicate(a2)) | (Op::Collection(a1), Op::Collection(a2)) => {
+                std::mem::discriminant(p) == std::mem::discriminant(g) && self.map_axis(a1, a2)
+            }
+            (
+                Op::ReduceParallel {
+                    axis: a1,
+                    reducer: r1,
+                },
+                Op::ReduceParallel {
+                    axis: a2,
+                    reducer: r2,
+                },
+            ) => self.same_reducer(r1, r2) && self.map_axis(a1, a2),
+            (
+                Op::ReduceAxis {
+                    dim: d1,
+                    reducer: r1,
+                    keep_dims: k1,
+                },
+                Op::ReduceAxis {
+                    dim: d2,
+                    reducer: r2,
+                    keep_dims: k2,
+                },
+            ) => d1 == d2 && k1 == k2 && self.same_reducer(r1, r2),
+            _ => p == g,
+        }
+    }
+
+    fn represents(&mut self, class: Id, node: NodeId, prog: &[ENode]) -> bool {
+        self.steps += 1;
+        if self.steps > STEP_BUDGET {
+            return false;
+        }
+        let want = &prog[node.index()];
+        let class = self.g.egraph.find(class);
+        let candidates: Vec<ENode> = self.g.egraph[class].nodes.clone();
+        for cand in candidates {
+            if cand.children.len() != want.children.len() {
+                continue;
+            }
+            let saved = self.axes.len();
+            if self.ops_match(&want.op, &cand.op) {
+                let kids: Vec<NodeId> = self.body.node(node).kind.operands();
+                if kids
+                    .iter()
+                    .zip(&cand.children)
+                    .all(|(k, c)| self.represents(*c, *k, prog))
+                {
+                    return true;
+                }
+            }
+            self.axes.truncate(saved);
+        }
+        false
+    }
+}
+
+/// The program's nodes as e-nodes (children unused; program operands drive the walk).
+fn program_enodes(f: &Function, reducers: &[ReducerDef]) -> Result<Vec<ENode>, String> {
+    let body = &f.body;
+    let env = super::typing::TypeEnv::new(reducers);
+    let mut out = Vec::new();
+    for id in body.ids() {
+        let n = body.node(id);
+        let ops = n.kind.operands();
+        let types: Vec<&Type> = ops.iter().filter_map(|o| body.ty(*o)).collect();
+        let pos = body.params.iter().position(|p| *p == id).map(|p| p as u32);
+        let mut node = n.clone();
+        if let Some(k) =
+            super::typing::resolve_field_name(body, &n.kind, &env).map_err(|e| e.message)?
+        {
+            node.kind = k;
+        }
+        out.push(ENode::from_node(
+            &node,
+            pos,
+            ops.iter().map(|_| Id::from(0usize)).collect(),
+            &types,
+        )?);
+    }
+    Ok(out)
+}
+
+impl Pass for ContainsPass {
+    fn name(&self) -> &'static str {
+        "expect-contains"
+    }
+
+    fn run(&mut self, module: &mut Module, cx: &mut PassContext) -> Result<(), Vec<Diagnostic>> {
+        let path = if std::path::Path::new(&self.program).exists() {
+            std::path::PathBuf::from(&self.program)
+        } else {
+            cx.base_dir.join(&self.program)
+        };
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            vec![Diagnostic::global(
+                Severity::Error,
+                format!("expect-contains: cannot read `{}`: {e}", path.display()),
+            )]
+        })?;
+        let id = cx.sources.add(path.display().to_string(), text.clone());
+        let mut prog = crate::parse::parse_module(&text, id)?;
+        super::verify::verify_module(&mut prog)?;
+        if module.egraphs.is_empty() {
+            return Err(vec![Diagnostic::global(
+                Severity::Error,
+                "expect-contains needs e-graphs: run `saturate` first",
+            )]);
+        }
+        let mut errors = Vec::new();
+        for dump in &module.egraphs {
+            let g = TypedEGraph::from_dump(dump, &module.reducers).map_err(|e| {
+                vec![Diagnostic::error(
+                    dump.name_span,
+                    format!("cannot rebuild the e-graph: {e}"),
+                )]
+            })?;
+            let f = prog
+                .funcs
+                .iter()
+                .find(|f| f.name == dump.name)
+                .or_else(|| (prog.funcs.len() == 1).then(|| &prog.funcs[0]));
+            let Some(f) = f else {
+                errors.push(Diagnostic::error(
+                    dump.name_span,
+                    format!("`{}` has no function of that name", path.display()),
+                ));
+                continue;
+            };
+            let enodes = program_enodes(f, &prog.reducers)
+                .map_err(|e| vec![Diagnostic::error(f.name_span, e)])?;
+            let mut m = Matcher {
+                g: &g,
+                body: &f.body,
+                prog_reducers: &prog.reducers,
+                graph_reducers: &module.reducers,
+                axes: Vec::new(),
+                steps: 0,
+            };
+            let found = f.body.results.len() == g.roots.len()
+                && f.body
+                    .results
+                    .iter()
+                    .zip(&g.roots)
+                    .all(|(r, root)| m.represents(*root, *r, &enodes));
+            if found {
+                let renames: Vec<String> = m
+                    .axes
+                    .iter()
+                    .filter(|(p, g)| p != g)
+                    .map(|(p, g)| format!("{p}→{g}"))
+                    .collect();
+                let renamed = if renames.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (axes {})", renames.join(", "))
+                };
+                cx.report.push(format!(
+                    "// expect-contains @{}: found @{}{renamed}",
+                    dump.name, f.name
+                ));
+                continue;
+            }
+            let budget = if m.steps > STEP_BUDGET {
+                " (search budget exhausted)"
+            } else {
+                ""
+            };
+            // Point at the first statement no e-class represents on its own.
+            let mut culprit = None;
+            let classes: Vec<Id> = g.egraph.classes().map(|c| c.id).collect();
+            for id in f.body.ids() {
+                let mut probe = Matcher {
+                    g: &g,
+                    body: &f.body,
+                    prog_reducers: &prog.reducers,
+                    graph_reducers: &module.reducers,
+                    axes: Vec::new(),
+                    steps: 0,
+                };
+                if !classes.iter().any(|c| {
+                    probe.axes.clear();
+                    probe.represents(*c, id, &enodes)
+                }) {
+                    culprit = Some(id);
+                    break;
+                }
+            }
+            let mut d = Diagnostic::error(
+                dump.name_span,
+                format!(
+                    "the e-graph `{}` does not contain `{}`{budget}",
+                    dump.name, f.name
+                ),
+            );
+            if let Some(c) = culprit {
+                d = d.with_note(
+                    Some(f.body.node(c).span),
+                    "no e-class represents this expression",
+                );
+            }
+            errors.push(d.with_help(
+                "saturate with more iterations, or check which rule should derive this form",
+            ));
+        }
+        cx.counters
+            .insert("egraphs_checked".into(), module.egraphs.len().into());
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors)
+        }
+    }
+}

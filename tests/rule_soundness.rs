@@ -1,0 +1,320 @@
+//! Soundness of every equality rule: for each rule, instances are collected from the bundled
+//! examples (shrunk to small sizes) and from tests/rules/*.ef, after a few rounds of
+//! saturation so that tiled forms exist to match. Each instance — the matched e-node and the
+//! term the rule proposes — is turned into two programs (operands extracted from the e-graph)
+//! and both are evaluated in the reference interpreter on the same random inputs, at unit
+//! and at large magnitude. Values compare tile by tile (relative L2 ≤ 0.01). A rule with no
+//! passing instance fails the test.
+
+use efopt::egraph::graph::TypeAnalysis;
+use efopt::egraph::rules::{all_rules, Term};
+use efopt::egraph::runner::Runner;
+use efopt::egraph::{ENode, Op, TypedEGraph};
+use efopt::interp::{random_inputs, relative_l2, Interpreter, Sizes, Value};
+use efopt::ir::*;
+use efopt::passes::typing::{type_body, TypeEnv};
+use egg::{AstSize, Extractor, Id, RecExpr};
+use std::collections::HashMap;
+use std::path::Path;
+
+const MAX_INSTANCES_PER_RULE: usize = 12;
+
+fn load(path: &Path) -> Module {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut m = efopt::parse::parse_module(&text, 0)
+        .unwrap_or_else(|e| panic!("{}: {e:?}", path.display()));
+    // Small sizes keep interpretation fast; 16 keeps the default extents (divisors ≤ 4) useful.
+    for f in &mut m.funcs {
+        for b in &mut f.bindings {
+            if is_dim_symbol(&b.name) && b.value > 16 {
+                b.value = 16;
+            }
+        }
+    }
+    efopt::passes::verify::verify_module(&mut m)
+        .unwrap_or_else(|e| panic!("{}: {e:?}", path.display()));
+    m
+}
+
+/// Builds a body evaluating `root`: the function's inputs first (in order), then the nodes.
+struct BodyBuilder<'a> {
+    g: &'a TypedEGraph,
+    extractor: &'a Extractor<'a, AstSize, ENode, TypeAnalysis>,
+    body: Body,
+    memo: HashMap<Id, NodeId>,
+}
+
+fn main_inputs(f: &Function) -> Vec<TensorType> {
+    f.body
+        .params
+        .iter()
+        .map(|p| match f.body.node(*p).annot.clone() {
+            Some(Type::Tensor(t)) => t,
+            _ => panic!("input without tensor type"),
+        })
+        .collect()
+}
+
+fn node_of(body: &mut Body, enode: &ENode, children: Vec<NodeId>) -> NodeId {
+    let kind = enode.to_expr_kind().with_operands(&children);
+    body.push(Node {
+        kind,
+        name: None,
+        annot: enode.leaf_type(),
+        span: Default::default(),
+        ty: None,
+    })
+}
+
+impl BodyBuilder<'_> {
+    fn class(&mut self, id: Id) -> NodeId {
+        let id = self.g.egraph.find(id);
+        if let Some(n) = self.memo.get(&id) {
+            return *n;
+        }
+        let expr: RecExpr<ENode> = self.extractor.find_best(id).1;
+        let mut ids: Vec<NodeId> = Vec::new();
+        for n in expr.as_ref() {
+            let kids: Vec<NodeId> = n.children.iter().map(|c| ids[usize::from(*c)]).collect();
+            let nid = match &n.op {
+                Op::Input(pos, _) => NodeId(*pos),
+                _ => node_of(&mut self.body, n, kids),
+            };
+            ids.push(nid);
+        }
+        let root = *ids.last().expect("non-empty extraction");
+        self.memo.insert(id, root);
+        root
+    }
+
+    fn term(&mut self, t: &Term) -> NodeId {
+        match t {
+            Term::Class(id) => self.class(*id),
+            Term::Node(op, kids) => {
+                let kids: Vec<NodeId> = kids.iter().map(|k| self.term(k)).collect();
+                node_of(&mut self.body, &ENode::new(op.clone(), vec![]), kids)
+            }
+        }
+    }
+}
+
+/// One set of axis extents for everything in the e-graph, so both sides of an instance tile
+/// the same axes the same way.
+fn egraph_sizes(g: &TypedEGraph, f: &Function) -> Sizes {
+    let bound = Sizes(
+        f.bindings
+            .iter()
+            .map(|b| (b.name.clone(), b.value))
+            .collect(),
+    );
+    let mut views = Vec::new();
+    for c in g.egraph.classes() {
+        for n in &c.nodes {
+            let axis = match &n.op {
+                Op::Partition(d, a) => {
+                    let size = match g.egraph[n.children[0]].data.as_ref() {
+                        Some(Type::Tensor(t)) => t.shape[*d].eval(&|s| bound.get(s)).ok(),
+                        _ => None,
+                    };
+                    views.push((a.clone(), size));
+                    continue;
+                }
+                Op::Replicate(a) | Op::Combination(_, a) | Op::Collection(a) => a,
+                Op::ReduceParallel { axis, .. } => axis,
+                _ => continue,
+            };
+            views.push((axis.clone(), None));
+        }
+    }
+    bound.with_default_extents(&views, 4)
+}
+
+fn evaluate(
+    module: &Module,
+    f: &Function,
+    sizes: &Sizes,
+    body: Body,
+    inputs: &[Value],
+) -> Result<Value, String> {
+    let env = TypeEnv::new(&module.reducers);
+    let types = type_body(&body, &[], &env).map_err(|(_, e)| e.message)?;
+    let mut body = body;
+    for (n, t) in body.nodes.iter_mut().zip(types) {
+        n.ty = Some(t);
+    }
+    let func = Function {
+        name: f.name.clone(),
+        name_span: f.name_span,
+        bindings: f.bindings.clone(),
+        body,
+        comment: None,
+    };
+    let interp = Interpreter::new(module, sizes.clone());
+    interp
+        .run(&func, inputs)
+        .map_err(|e| e.message)?
+        .into_iter()
+        .next()
+        .ok_or_else(|| "no result".into())
+}
+
+/// Largest relative L2 error between two values, tile by tile.
+fn compare(a: &Value, b: &Value) -> f64 {
+    match (a, b) {
+        (Value::Tensor(x), Value::Tensor(y)) => {
+            if x.axes != y.axes || x.tiles.len() != y.tiles.len() {
+                return f64::INFINITY;
+            }
+            x.tiles
+                .iter()
+                .zip(&y.tiles)
+                .map(|(p, q)| relative_l2(p, q))
+                .fold(0.0, f64::max)
+        }
+        (Value::Tuple(xs), Value::Tuple(ys)) if xs.len() == ys.len() => xs
+            .iter()
+            .zip(ys)
+            .map(|(p, q)| compare(p, q))
+            .fold(0.0, f64::max),
+        _ => f64::INFINITY,
+    }
+}
+
+#[test]
+fn every_rule_is_sound_on_instances() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files: Vec<_> = ["examples", "tests/rules"]
+        .iter()
+        .flat_map(|d| {
+            std::fs::read_dir(root.join(d))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path())
+        })
+        .filter(|p| p.extension().is_some_and(|e| e == "ef"))
+        .collect();
+    files.sort();
+    let rules = all_rules();
+    let mut passed: HashMap<&str, usize> = rules.iter().map(|r| (r.name, 0)).collect();
+    let mut failures = Vec::new();
+    for path in &files {
+        let module = load(path);
+        for f in &module.funcs {
+            let mut g = TypedEGraph::from_function(f, &module.reducers).expect("e-graph");
+            let report = Runner::default()
+                .with_iter_limit(3)
+                .with_node_limit(4000)
+                .run(&mut g, &rules);
+            assert!(
+                report.bugs.is_empty(),
+                "{}: rule bugs {:?}",
+                path.display(),
+                report.bugs
+            );
+            let extractor = Extractor::new(&g.egraph, AstSize);
+            let sizes = egraph_sizes(&g, f);
+            let inputs_unit = random_inputs(f, &sizes, 7, 1.0).expect("inputs");
+            let inputs_large = random_inputs(f, &sizes, 8, 30.0).expect("inputs");
+            let _ = main_inputs(f);
+            let mut classes: Vec<Id> = g.egraph.classes().map(|c| c.id).collect();
+            classes.sort();
+            for rule in &rules {
+                for &c in &classes {
+                    if passed[rule.name] >= MAX_INSTANCES_PER_RULE {
+                        break;
+                    }
+                    for n in g.egraph[c].nodes.clone() {
+                        let mut proposals = Vec::new();
+                        (rule.find)(&g.egraph, c, &n, &mut proposals);
+                        for t in proposals.into_iter().take(2) {
+                            let mut lhs = BodyBuilder {
+                                g: &g,
+                                extractor: &extractor,
+                                body: Body::default(),
+                                memo: HashMap::new(),
+                            };
+                            let mut rhs = BodyBuilder {
+                                g: &g,
+                                extractor: &extractor,
+                                body: Body::default(),
+                                memo: HashMap::new(),
+                            };
+                            for b in [&mut lhs.body, &mut rhs.body] {
+                                for (i, t) in main_inputs(f).into_iter().enumerate() {
+                                    let id = b.push(Node {
+                                        kind: ExprKind::Input,
+                                        name: Some(format!("in{i}")),
+                                        annot: Some(Type::Tensor(t)),
+                                        span: Default::default(),
+                                        ty: None,
+                                    });
+                                    b.params.push(id);
+                                }
+                            }
+                            let kids: Vec<NodeId> =
+                                n.children.iter().map(|k| lhs.class(*k)).collect();
+                            let l = match &n.op {
+                                Op::Input(pos, _) => NodeId(*pos),
+                                _ => node_of(&mut lhs.body, &n, kids),
+                            };
+                            lhs.body.results.push(l);
+                            let r = rhs.term(&t);
+                            rhs.body.results.push(r);
+                            let (lb, rb) = (lhs.body, rhs.body);
+                            let mut ok = true;
+                            for inputs in [&inputs_unit, &inputs_large] {
+                                let a = evaluate(&module, f, &sizes, lb.clone(), inputs);
+                                let b = evaluate(&module, f, &sizes, rb.clone(), inputs);
+                                match (a, b) {
+                                    (Ok(a), Ok(b)) => {
+                                        let e = compare(&a, &b);
+                                        if e > 0.01 {
+                                            if std::env::var_os("EFOPT_DEBUG_RULES").is_some() {
+                                                eprintln!("{}: lhs {a:?}\nrhs {b:?}\nlhs body {:?}\nrhs body {:?}", rule.name, lb.nodes.iter().map(|n| &n.kind).collect::<Vec<_>>(), rb.nodes.iter().map(|n| &n.kind).collect::<Vec<_>>());
+                                            }
+                                            ok = false;
+                                            failures.push(format!(
+                                                "{} at {} ({}): relative L2 {e}",
+                                                rule.name,
+                                                path.display(),
+                                                f.name
+                                            ));
+                                        }
+                                    }
+                                    (a, b) => {
+                                        ok = false;
+                                        failures.push(format!(
+                                            "{} at {}: evaluation failed: {:?} / {:?}",
+                                            rule.name,
+                                            path.display(),
+                                            a.err(),
+                                            b.err()
+                                        ));
+                                    }
+                                }
+                            }
+                            if ok {
+                                *passed.get_mut(rule.name).expect("rule") += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "unsound rule instances:\n{}",
+        failures.join("\n")
+    );
+    let untested: Vec<&str> = rules
+        .iter()
+        .map(|r| r.name)
+        .filter(|n| passed[n] == 0)
+        .collect();
+    assert!(
+        untested.is_empty(),
+        "rules without a passing instance: {untested:?}"
+    );
+}
