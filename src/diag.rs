@@ -170,8 +170,11 @@ impl SourceMap {
         let Some(file) = self.get(source) else {
             return (0, 0);
         };
-        let offset = (offset as usize).min(file.text.len());
-        let before = file.text.get(..offset).unwrap_or("");
+        let mut offset = (offset as usize).min(file.text.len());
+        while !file.text.is_char_boundary(offset) {
+            offset -= 1;
+        }
+        let before = &file.text[..offset];
         let line = before.matches('\n').count() + 1;
         let line_start = before.rfind('\n').map(|i| i + 1).unwrap_or(0);
         let col = before[line_start..].chars().count() + 1;
@@ -197,10 +200,19 @@ impl SourceMap {
             return;
         };
         let name = |s: &Span| self.files[s.source as usize].name.clone();
+        // Spans snap outward to character boundaries: ariadne indexes bytes and must not
+        // split a multi-byte character (or a replacement character in lossy-decoded input).
         let range = |s: &Span| {
-            let len = self.files[s.source as usize].text.len();
-            let start = (s.start as usize).min(len);
-            start..(s.end as usize).clamp(start, len)
+            let text = &self.files[s.source as usize].text;
+            let mut start = (s.start as usize).min(text.len());
+            while !text.is_char_boundary(start) {
+                start -= 1;
+            }
+            let mut end = (s.end as usize).clamp(start, text.len());
+            while !text.is_char_boundary(end) {
+                end += 1;
+            }
+            start..end
         };
         let (line, col) = self.line_col(span.source, span.start);
         let mut report = Report::build(kind, (name(&span), range(&span)))

@@ -659,8 +659,10 @@ struct Generator<'a> {
     counter: usize,
     failures: Vec<Failure>,
     stats: &'a mut Stats,
-    /// Values that `close` could not bring back to global memory.
-    unclosable: Vec<String>,
+    /// Values `close` has handled.
+    closed: Vec<String>,
+    /// The dimension symbols bound by `where`.
+    dims: Vec<String>,
 }
 
 fn tensor_of(t: &Type) -> Option<&TensorType> {
@@ -722,7 +724,8 @@ impl<'a> Generator<'a> {
             counter: 0,
             failures: Vec::new(),
             stats,
-            unclosable: Vec::new(),
+            closed: Vec::new(),
+            dims: dims.clone(),
         };
         let ninputs = 1 + g.rng.below(3);
         for _ in 0..ninputs {
@@ -1101,7 +1104,8 @@ impl<'a> Generator<'a> {
                 let x = self.vals[i].name.clone();
                 self.try_stmt(&name, &format!("collection[{a}]({x})"));
             }
-            14 | 15 => self.matmul(&name),
+            14 => self.matmul(&name),
+            15 => self.tiled_matmul(&name),
             16 => {
                 let Some(i) = self.pick_val(|v| tensor_of(&v.ty).is_some_and(|t| t.rank() >= 2))
                 else {
@@ -1305,26 +1309,104 @@ impl<'a> Generator<'a> {
         self.try_stmt(name, &format!("{op}({lhs}, {rhs}){acc}"));
     }
 
-    /// Brings values with parallel state back to global memory so they can be returned.
+    /// Brings values with parallel state back to global memory so they can be returned:
+    /// each such value (latest first) gets one closing step; results that still have state
+    /// are visited in turn.
     fn close(&mut self) {
-        for _ in 0..8 {
+        for _ in 0..12 {
             let Some(i) = (0..self.vals.len()).rev().find(|&i| {
                 tensor_of(&self.vals[i].ty).is_some_and(|t| !t.par.is_empty())
-                    && !self.unclosable.contains(&self.vals[i].name)
+                    && !self.closed.contains(&self.vals[i].name)
             }) else {
                 return;
             };
             let t = tensor_of(&self.vals[i].ty).cloned().unwrap();
             let x = self.vals[i].name.clone();
+            self.closed.push(x.clone());
             let (a, k) = t.par.0.iter().next().map(|(a, k)| (a.clone(), *k)).unwrap();
             let name = self.fresh("c");
             let expr = match k {
                 ParKind::Partition(d) => format!("combination[{},{a}]({x})", dim_ref(&t, d)),
-                ParKind::Partial => format!("reduce {x} parallel={a} reducer=@add"),
+                ParKind::Partial => format!(
+                    "reduce {x} parallel={a} reducer={}",
+                    self.rng.pick(&["@add", "@max", "@min"])
+                ),
                 ParKind::Replicate => format!("collection[{a}]({x})"),
             };
-            if !self.try_stmt(&name, &expr) {
-                self.unclosable.push(x);
+            self.try_stmt(&name, &expr);
+        }
+    }
+
+    /// A tiled product from the refinement table: inputs `MxK` and `KxN` (with a batch
+    /// dimension sometimes), viewed on up to four axes with roles M, N, K, batch or
+    /// replicate, multiplied with `tile_matmul`.
+    fn tiled_matmul(&mut self, name: &str) {
+        let dims = self.dims.clone();
+        let pick = |rng: &mut Rng| rng.pick(&dims).clone();
+        let (m, k, n) = (pick(self.rng), pick(self.rng), pick(self.rng));
+        let batch = if self.rng.chance(1, 4) {
+            Some(pick(self.rng))
+        } else {
+            None
+        };
+        let dtype = *self.rng.pick(&["f32", "bf16"]);
+        let prefix = batch.as_ref().map(|b| format!("{b}x")).unwrap_or_default();
+        let a = self.fresh("in");
+        let b = self.fresh("in");
+        if !self.try_leaf(&a, &format!("tensor<{prefix}{m}x{k}, {dtype}>"), "input")
+            || !self.try_leaf(&b, &format!("tensor<{prefix}{k}x{n}, {dtype}>"), "input")
+        {
+            return;
+        }
+        let rank = if batch.is_some() { 3 } else { 2 };
+        // Dimension references by index, since symbols may repeat (MxM).
+        let (im, ika, ikb, inn) = (rank - 2, rank - 1, rank - 2, rank - 1);
+        let mut lhs = a.clone();
+        let mut rhs = b.clone();
+        let mut roles = vec!["M", "N", "K", "R"];
+        if batch.is_some() {
+            roles.push("B");
+        }
+        let mut axes: Vec<&str> = AXES.to_vec();
+        for _ in 0..1 + self.rng.below(3) {
+            if roles.is_empty() || axes.is_empty() {
+                break;
+            }
+            let role = roles.remove(self.rng.below(roles.len()));
+            let axis = axes.remove(self.rng.below(axes.len()));
+            let (l, r) = match role {
+                "M" => (
+                    format!("partition[{im},{axis}]"),
+                    format!("replicate[{axis}]"),
+                ),
+                "N" => (
+                    format!("replicate[{axis}]"),
+                    format!("partition[{inn},{axis}]"),
+                ),
+                "K" => (
+                    format!("partition[{ika},{axis}]"),
+                    format!("partition[{ikb},{axis}]"),
+                ),
+                "B" => (
+                    format!("partition[0,{axis}]"),
+                    format!("partition[0,{axis}]"),
+                ),
+                _ => (format!("replicate[{axis}]"), format!("replicate[{axis}]")),
+            };
+            lhs = format!("{l}({lhs})");
+            rhs = format!("{r}({rhs})");
+        }
+        let acc = if self.rng.chance(1, 2) {
+            " acc=f32"
+        } else {
+            ""
+        };
+        if self.rng.chance(1, 2) {
+            self.try_stmt(name, &format!("tile_matmul({lhs}, {rhs}){acc}"));
+        } else {
+            let (l, r) = (self.fresh("t"), self.fresh("t"));
+            if self.try_stmt(&l, &lhs) && self.try_stmt(&r, &rhs) {
+                self.try_stmt(name, &format!("tile_matmul({l}, {r}){acc}"));
             }
         }
     }
@@ -1854,6 +1936,9 @@ fn fuzz_loop(seed: u64, budget: Budget, progress: &Mutex<String>) -> (Stats, Fin
         // A generated program, checked as is.
         let (program, failures) = generate(&mut rng, &mut stats, generated);
         generated += 1;
+        if generated <= env_u64("EFOPT_FUZZ_SHOW").unwrap_or(0) {
+            eprintln!("--- generated program {generated}:\n{program}");
+        }
         for f in failures {
             findings.add(f);
         }
@@ -2093,13 +2178,18 @@ fn million_term_sum_is_an_error() {
     text.push_str(&" + a".repeat(terms - 1));
     text.push_str("\n  return b\n}\n");
     let start = Instant::now();
-    let out = run_cli(&[], text.as_bytes(), Duration::from_secs(60));
+    let out = run_cli(&[], text.as_bytes(), Duration::from_secs(30));
     let elapsed = start.elapsed();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.timed_out,
-        "a 1,000,000-term sum did not finish within 60 s (parse time grows quadratically \
-         with the length of an infix chain)"
+        "a 1,000,000-term sum did not finish within 30 s (parse time grows quadratically \
+         with the length of an infix chain: 8,000 terms take about 10 s)"
+    );
+    assert!(
+        out.code.is_some(),
+        "efopt was killed by a signal after {elapsed:?} (a stack overflow dropping or walking \
+         the 1,000,000-deep expression?)"
     );
     assert_eq!(
         out.code,

@@ -7,7 +7,7 @@
 //! passing instance fails the test.
 
 use efopt::egraph::graph::TypeAnalysis;
-use efopt::egraph::rules::{all_rules, Term};
+use efopt::egraph::rules::{all_rules, Out, Term};
 use efopt::egraph::runner::Runner;
 use efopt::egraph::{ENode, Op, TypedEGraph};
 use efopt::interp::{random_inputs, relative_l2, Interpreter, Sizes, Value};
@@ -213,6 +213,9 @@ fn every_rule_is_sound_on_instances() {
                 report.bugs
             );
             let extractor = Extractor::new(&g.egraph, AstSize);
+            // Reducers made by fusion rules are part of the module the instances run in.
+            let mut module = module.clone();
+            module.reducers = g.egraph.analysis.env.reducers().to_vec();
             let sizes = egraph_sizes(&g, f);
             let inputs_unit = random_inputs(f, &sizes, 7, 1.0).expect("inputs");
             let inputs_large = random_inputs(f, &sizes, 8, 30.0).expect("inputs");
@@ -225,9 +228,14 @@ fn every_rule_is_sound_on_instances() {
                         break;
                     }
                     for n in g.egraph[c].nodes.clone() {
-                        let mut proposals = Vec::new();
-                        (rule.find)(&g.egraph, c, &n, &mut proposals);
-                        for t in proposals.into_iter().take(2) {
+                        let mut out = Out::default();
+                        (rule.find)(&g.egraph, c, &n, &mut out);
+                        for r in &out.reducers {
+                            if module.reducers.iter().all(|m| m.name != r.name) {
+                                module.reducers.push(r.clone());
+                            }
+                        }
+                        for (target, t) in out.proposals.into_iter().take(3) {
                             let mut lhs = BodyBuilder {
                                 g: &g,
                                 extractor: &extractor,
@@ -252,11 +260,17 @@ fn every_rule_is_sound_on_instances() {
                                     b.params.push(id);
                                 }
                             }
-                            let kids: Vec<NodeId> =
-                                n.children.iter().map(|k| lhs.class(*k)).collect();
-                            let l = match &n.op {
-                                Op::Input(pos, _) => NodeId(*pos),
-                                _ => node_of(&mut lhs.body, &n, kids),
+                            // The matched e-node, or the class the rule named.
+                            let l = match target {
+                                Some(other) => lhs.class(other),
+                                None => {
+                                    let kids: Vec<NodeId> =
+                                        n.children.iter().map(|k| lhs.class(*k)).collect();
+                                    match &n.op {
+                                        Op::Input(pos, _) => NodeId(*pos),
+                                        _ => node_of(&mut lhs.body, &n, kids),
+                                    }
+                                }
                             };
                             lhs.body.results.push(l);
                             let r = rhs.term(&t);

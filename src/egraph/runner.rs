@@ -3,7 +3,7 @@
 
 use super::graph::TypedEGraph;
 use super::lang::ENode;
-use super::rules::{Family, Rule, Term};
+use super::rules::{Family, Out, Rule, Term};
 use crate::ir::Type;
 use crate::passes::typing::infer;
 use egg::Id;
@@ -121,15 +121,24 @@ impl Runner {
             let mut classes: Vec<Id> = g.egraph.classes().map(|c| c.id).collect();
             classes.sort();
             let mut proposals: Vec<(usize, Id, Term)> = Vec::new();
+            let mut new_reducers = Vec::new();
             for (ri, rule) in rules.iter().enumerate() {
                 for &c in &classes {
                     let enodes: Vec<ENode> = g.egraph[c].nodes.clone();
                     for n in &enodes {
-                        let mut out = Vec::new();
+                        let mut out = Out::default();
                         (rule.find)(&g.egraph, c, n, &mut out);
-                        proposals.extend(out.into_iter().map(|t| (ri, c, t)));
+                        proposals.extend(
+                            out.proposals
+                                .into_iter()
+                                .map(|(target, t)| (ri, target.unwrap_or(c), t)),
+                        );
+                        new_reducers.extend(out.reducers);
                     }
                 }
+            }
+            for r in new_reducers {
+                g.egraph.analysis.env.add_reducer(r);
             }
             // Apply.
             let (nodes_before, classes_before) = (

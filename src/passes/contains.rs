@@ -61,11 +61,7 @@ impl Matcher<'_> {
             (ReducerRef::Builtin(x), ReducerRef::Builtin(y)) => x == y,
             (ReducerRef::User(x), ReducerRef::User(y)) => {
                 let def = |rs: &[ReducerDef], n: &str| {
-                    rs.iter().find(|r| r.name == n).map(|r| {
-                        let mut r = r.clone();
-                        r.name = String::new();
-                        print_reducer(&r, PrintOptions::default())
-                    })
+                    rs.iter().find(|r| r.name == n).map(canonical_reducer)
                 };
                 x == y
                     || (def(self.prog_reducers, x).is_some()
@@ -140,6 +136,67 @@ impl Matcher<'_> {
         }
         false
     }
+}
+
+/// A reducer's definition up to renaming: parameters renamed by position and every
+/// intermediate expanded into one expression tree (so sharing does not matter).
+fn canonical_reducer(r: &ReducerDef) -> String {
+    let mut tree = Body::default();
+    let mut map: Vec<Option<NodeId>> = vec![None; r.body.nodes.len()];
+    fn copy(r: &ReducerDef, id: NodeId, tree: &mut Body, map: &mut Vec<Option<NodeId>>) -> NodeId {
+        let n = r.body.node(id);
+        if n.kind == ExprKind::Param {
+            if let Some(m) = map[id.index()] {
+                return m;
+            }
+        }
+        let ops: Vec<NodeId> = n
+            .kind
+            .operands()
+            .iter()
+            .map(|o| copy(r, *o, tree, map))
+            .collect();
+        let new = tree.push(Node {
+            kind: n.kind.with_operands(&ops),
+            name: None,
+            annot: n.annot.clone(),
+            span: n.span,
+            ty: None,
+        });
+        if n.kind == ExprKind::Param {
+            map[id.index()] = Some(new);
+        }
+        new
+    }
+    for (i, p) in r.body.params.iter().enumerate() {
+        let id = tree.push(Node {
+            kind: ExprKind::Param,
+            name: Some(format!("p{i}")),
+            annot: None,
+            span: Default::default(),
+            ty: None,
+        });
+        tree.params.push(id);
+        map[p.index()] = Some(id);
+    }
+    let results: Vec<NodeId> = r
+        .body
+        .results
+        .iter()
+        .map(|x| copy(r, *x, &mut tree, &mut map))
+        .collect();
+    tree.results = results;
+    let def = ReducerDef {
+        name: String::new(),
+        name_span: Default::default(),
+        state: (0..r.state.len()).map(|i| format!("p{i}")).collect(),
+        item: (r.state.len()..r.state.len() + r.item.len())
+            .map(|i| format!("p{i}"))
+            .collect(),
+        init: r.init.clone(),
+        body: tree,
+    };
+    print_reducer(&def, PrintOptions::default())
 }
 
 /// The program's nodes as e-nodes (children unused; program operands drive the walk).

@@ -158,6 +158,11 @@ impl Pass for SaturatePass {
                 "seconds": report.seconds,
                 "rule_applications": applied,
             }));
+            for r in g.egraph.analysis.env.reducers() {
+                if module.reducers.iter().all(|m| m.name != r.name) {
+                    module.reducers.push(r.clone());
+                }
+            }
             dumps.push(g.to_dump());
         }
         cx.counters

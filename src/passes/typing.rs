@@ -71,6 +71,17 @@ impl TypeEnv {
         }
     }
 
+    /// Registers a reducer made by a rule (no-op if one of that name exists).
+    pub fn add_reducer(&mut self, def: ReducerDef) {
+        if self.reducer(&def.name).is_none() {
+            self.reducers.push(def);
+        }
+    }
+
+    pub fn reducers(&self) -> &[ReducerDef] {
+        &self.reducers
+    }
+
     pub fn reducer(&self, name: &str) -> Option<&ReducerDef> {
         self.reducers.iter().find(|r| r.name == name)
     }

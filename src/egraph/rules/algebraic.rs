@@ -17,9 +17,10 @@ pub static RULES: &[Rule] = &[
     Rule { name: "factor-out-lhs",     family: Family::Algebraic, equation: "matmul(X ∘ a, W) = matmul(X, W) ∘ a  (∘ ∈ {*, /}; a invariant along K)", find: factor_out_lhs },
     Rule { name: "factor-out-rhs",     family: Family::Algebraic, equation: "matmul(X, W ∘ a) = matmul(X, W) ∘ a  (∘ ∈ {*, /}; a invariant along K)", find: factor_out_rhs },
     Rule { name: "factor-into-lhs",    family: Family::Algebraic, equation: "matmul(X, W) ∘ a = matmul(X ∘ a, W)  (∘ ∈ {*, /}; a invariant along N)", find: factor_into_lhs },
+    Rule { name: "row-factor-outward", family: Family::Algebraic, equation: "(x ∘ a) * b = (x * b) ∘ a  (∘ ∈ {*, /}; a invariant along the last dim, b not: guarded reassociation)", find: row_factor_outward },
 ];
 
-fn commute(op: BinaryOp, n: &ENode, out: &mut Vec<Term>) {
+fn commute(op: BinaryOp, n: &ENode, out: &mut Out) {
     if n.op == Op::Binary(op) && n.children[0] != n.children[1] {
         out.push(node(
             n.op.clone(),
@@ -28,23 +29,23 @@ fn commute(op: BinaryOp, n: &ENode, out: &mut Vec<Term>) {
     }
 }
 
-fn commute_add(_eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+fn commute_add(_eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
     commute(BinaryOp::Add, n, out)
 }
 
-fn commute_multiply(_eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+fn commute_multiply(_eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
     commute(BinaryOp::Multiply, n, out)
 }
 
-fn commute_maximum(_eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+fn commute_maximum(_eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
     commute(BinaryOp::Maximum, n, out)
 }
 
-fn commute_minimum(_eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+fn commute_minimum(_eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
     commute(BinaryOp::Minimum, n, out)
 }
 
-fn reassoc_right(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+fn reassoc_right(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
     let Op::MatMul(acc) = n.op else { return };
     for inner in nodes(eg, n.children[0]) {
         if let Op::MatMul(acc2) = inner.op {
@@ -59,7 +60,7 @@ fn reassoc_right(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
     }
 }
 
-fn reassoc_left(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+fn reassoc_left(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
     let Op::MatMul(acc) = n.op else { return };
     for inner in nodes(eg, n.children[1]) {
         if let Op::MatMul(acc2) = inner.op {
@@ -94,7 +95,7 @@ fn scaled_operands(eg: &EGraph, x: Id) -> Vec<(BinaryOp, Id, Id)> {
         .collect()
 }
 
-fn factor_out_lhs(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+fn factor_out_lhs(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
     let Op::MatMul(acc) = n.op else { return };
     let Some(tx) = tensor_type(eg, n.children[0]) else {
         return;
@@ -119,7 +120,7 @@ fn factor_out_lhs(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
     }
 }
 
-fn factor_out_rhs(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+fn factor_out_rhs(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
     let Op::MatMul(acc) = n.op else { return };
     let Some(tw) = tensor_type(eg, n.children[1]) else {
         return;
@@ -144,7 +145,7 @@ fn factor_out_rhs(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
     }
 }
 
-fn factor_into_lhs(eg: &EGraph, class: Id, n: &ENode, out: &mut Vec<Term>) {
+fn factor_into_lhs(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
     let Op::Binary(b @ (BinaryOp::Multiply | BinaryOp::Divide)) = n.op else {
         return;
     };
@@ -167,5 +168,33 @@ fn factor_into_lhs(eg: &EGraph, class: Id, n: &ENode, out: &mut Vec<Term>) {
         }
         let scaled = node(Op::Binary(b), vec![cls(mm.children[0]), cls(a)]);
         out.push(node(Op::MatMul(acc), vec![scaled, cls(mm.children[1])]));
+    }
+}
+
+fn row_factor_outward(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
+    if n.op != Op::Binary(BinaryOp::Multiply) {
+        return;
+    }
+    let Some(tout) = tensor_type(eg, class) else {
+        return;
+    };
+    let rank = tout.rank();
+    if rank == 0 {
+        return;
+    }
+    let (l, b) = (n.children[0], n.children[1]);
+    let Some(tb) = tensor_type(eg, b) else { return };
+    // Only moves a row factor past a factor that varies along the row: no reassociation loop.
+    if invariant_at(tb, rank, rank - 1) {
+        return;
+    }
+    for (op, x, a) in scaled_operands(eg, l) {
+        let Some(ta) = tensor_type(eg, a) else {
+            continue;
+        };
+        if invariant_at(ta, rank, rank - 1) && !ta.shape.is_empty() {
+            let xb = node(Op::Binary(BinaryOp::Multiply), vec![cls(x), cls(b)]);
+            out.push(node(Op::Binary(op), vec![xb, cls(a)]));
+        }
     }
 }

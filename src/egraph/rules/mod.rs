@@ -4,6 +4,7 @@
 //! by name instead of silently merging values of different types.
 
 mod algebraic;
+mod fusion;
 mod propagation;
 mod refinement;
 mod storage;
@@ -65,8 +66,27 @@ pub fn cls(id: Id) -> Term {
     Term::Class(id)
 }
 
-/// Proposals of one rule at one e-node: terms equal to the e-node's class.
-pub type Finder = fn(&EGraph, Id, &ENode, &mut Vec<Term>);
+/// What a rule proposes at one e-node: terms equal to the matched class (or to another class
+/// the rule names), and reducer definitions those terms use (made by fusion rules).
+#[derive(Default)]
+pub struct Out {
+    pub proposals: Vec<(Option<Id>, Term)>,
+    pub reducers: Vec<crate::ir::ReducerDef>,
+}
+
+impl Out {
+    /// Proposes `t` as equal to the matched class.
+    pub fn push(&mut self, t: Term) {
+        self.proposals.push((None, t));
+    }
+
+    /// Proposes `t` as equal to `class`.
+    pub fn equal(&mut self, class: Id, t: Term) {
+        self.proposals.push((Some(class), t));
+    }
+}
+
+pub type Finder = fn(&EGraph, Id, &ENode, &mut Out);
 
 pub struct Rule {
     pub name: &'static str,
@@ -80,6 +100,7 @@ pub fn all_rules() -> Vec<&'static Rule> {
     let mut v: Vec<&'static Rule> = Vec::new();
     v.extend(algebraic::RULES.iter());
     v.extend(refinement::RULES.iter());
+    v.extend(fusion::RULES.iter());
     v.extend(propagation::RULES.iter());
     v.extend(structural::RULES.iter());
     v.extend(storage::RULES.iter());

@@ -56,7 +56,7 @@ fn operand_view(eg: &EGraph, x: Id, d: usize, out_rank: usize, a: &str) -> Optio
     }
 }
 
-fn pointwise_partition_in(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+fn pointwise_partition_in(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
     let Op::Partition(d, a) = &n.op else { return };
     let inner = n.children[0];
     let Some(ti) = tensor_type(eg, inner) else {
@@ -77,7 +77,7 @@ fn pointwise_partition_in(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term
     }
 }
 
-fn pointwise_replicate_in(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+fn pointwise_replicate_in(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
     let Op::Replicate(a) = &n.op else { return };
     for f in nodes(eg, n.children[0]) {
         if !is_pointwise(&f.op) {
@@ -111,7 +111,7 @@ fn replicated_source(eg: &EGraph, x: Id, a: &str) -> Option<Id> {
     })
 }
 
-fn pointwise_replicate_out(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+fn pointwise_replicate_out(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
     if !is_pointwise(&n.op) {
         return;
     }
@@ -147,7 +147,7 @@ fn pointwise_replicate_out(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Ter
     }
 }
 
-fn pointwise_combination_out(eg: &EGraph, class: Id, n: &ENode, out: &mut Vec<Term>) {
+fn pointwise_combination_out(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
     if !is_pointwise(&n.op) {
         return;
     }
@@ -200,7 +200,7 @@ fn pointwise_combination_out(eg: &EGraph, class: Id, n: &ENode, out: &mut Vec<Te
     }
 }
 
-fn transpose_partition_in(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+fn transpose_partition_in(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
     let Op::Partition(d, a) = &n.op else { return };
     for t in nodes(eg, n.children[0]) {
         let Op::Transpose(perm) = &t.op else { continue };
@@ -218,7 +218,7 @@ fn transpose_partition_in(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term
     }
 }
 
-fn transpose_replicate_in(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+fn transpose_replicate_in(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
     let Op::Replicate(a) = &n.op else { return };
     for t in nodes(eg, n.children[0]) {
         let Op::Transpose(perm) = &t.op else { continue };
@@ -229,7 +229,7 @@ fn transpose_replicate_in(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term
     }
 }
 
-fn transpose_combination_out(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+fn transpose_combination_out(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
     let Op::Transpose(perm) = &n.op else { return };
     for c in nodes(eg, n.children[0]) {
         let Op::Combination(d, a) = &c.op else {
@@ -245,7 +245,7 @@ fn transpose_combination_out(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<T
     }
 }
 
-fn reduce_partition_in(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+fn reduce_partition_in(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
     let Op::Partition(d, a) = &n.op else { return };
     for r in nodes(eg, n.children[0]) {
         let Op::ReduceAxis {
@@ -279,7 +279,7 @@ fn reduce_partition_in(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) 
     }
 }
 
-fn reduce_replicate_in(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+fn reduce_replicate_in(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
     let Op::Replicate(a) = &n.op else { return };
     for r in nodes(eg, n.children[0]) {
         if let Op::ReduceAxis { .. } = &r.op {
@@ -291,7 +291,7 @@ fn reduce_replicate_in(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) 
     }
 }
 
-fn reduce_combination_out(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+fn reduce_combination_out(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
     let Op::ReduceAxis { dim, keep_dims, .. } = &n.op else {
         return;
     };
@@ -310,7 +310,7 @@ fn reduce_combination_out(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term
     }
 }
 
-fn replicate_across_reduction(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+fn replicate_across_reduction(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
     let Op::Replicate(q) = &n.op else { return };
     for r in nodes(eg, n.children[0]) {
         let Op::ReduceParallel { axis, .. } = &r.op else {
@@ -325,7 +325,7 @@ fn replicate_across_reduction(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<
     }
 }
 
-fn partition_across_reduction(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+fn partition_across_reduction(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
     let Op::Partition(d, q) = &n.op else { return };
     for r in nodes(eg, n.children[0]) {
         let Op::ReduceParallel {
@@ -346,7 +346,7 @@ fn partition_across_reduction(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<
     }
 }
 
-fn tile_matmul_replicate_in(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+fn tile_matmul_replicate_in(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
     let Op::Replicate(a) = &n.op else { return };
     for m in nodes(eg, n.children[0]) {
         if let Op::TileMatMul(_) = &m.op {

@@ -87,13 +87,13 @@ fn tile(m: &MatMul, a: Term, b: Term) -> Term {
     node(Op::TileMatMul(m.acc), vec![a, b])
 }
 
-fn matmul_tile(eg: &EGraph, class: Id, n: &ENode, out: &mut Vec<Term>) {
+fn matmul_tile(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
     if let Some(m) = matmul(eg, class, n) {
         out.push(tile(&m, cls(m.a), cls(m.b)));
     }
 }
 
-fn matmul_split_m(eg: &EGraph, class: Id, n: &ENode, out: &mut Vec<Term>) {
+fn matmul_split_m(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
     let Some(m) = matmul(eg, class, n) else {
         return;
     };
@@ -108,7 +108,7 @@ fn matmul_split_m(eg: &EGraph, class: Id, n: &ENode, out: &mut Vec<Term>) {
     ));
 }
 
-fn matmul_split_n(eg: &EGraph, class: Id, n: &ENode, out: &mut Vec<Term>) {
+fn matmul_split_n(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
     let Some(m) = matmul(eg, class, n) else {
         return;
     };
@@ -123,7 +123,7 @@ fn matmul_split_n(eg: &EGraph, class: Id, n: &ENode, out: &mut Vec<Term>) {
     ));
 }
 
-fn matmul_split_k(eg: &EGraph, class: Id, n: &ENode, out: &mut Vec<Term>) {
+fn matmul_split_k(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
     let Some(m) = matmul(eg, class, n) else {
         return;
     };
@@ -137,7 +137,7 @@ fn matmul_split_k(eg: &EGraph, class: Id, n: &ENode, out: &mut Vec<Term>) {
     ));
 }
 
-fn matmul_split_mn(eg: &EGraph, class: Id, n: &ENode, out: &mut Vec<Term>) {
+fn matmul_split_mn(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
     let Some(m) = matmul(eg, class, n) else {
         return;
     };
@@ -150,7 +150,7 @@ fn matmul_split_mn(eg: &EGraph, class: Id, n: &ENode, out: &mut Vec<Term>) {
     out.push(comb(ro - 2, &am, comb(ro - 1, &an, tile(&m, a, b))));
 }
 
-fn matmul_split_mk(eg: &EGraph, class: Id, n: &ENode, out: &mut Vec<Term>) {
+fn matmul_split_mk(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
     let Some(m) = matmul(eg, class, n) else {
         return;
     };
@@ -163,7 +163,7 @@ fn matmul_split_mk(eg: &EGraph, class: Id, n: &ENode, out: &mut Vec<Term>) {
     out.push(comb(ro - 2, &am, sum_over(&ak, tile(&m, a, b))));
 }
 
-fn matmul_split_nk(eg: &EGraph, class: Id, n: &ENode, out: &mut Vec<Term>) {
+fn matmul_split_nk(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
     let Some(m) = matmul(eg, class, n) else {
         return;
     };
@@ -176,7 +176,7 @@ fn matmul_split_nk(eg: &EGraph, class: Id, n: &ENode, out: &mut Vec<Term>) {
     out.push(comb(ro - 1, &an, sum_over(&ak, tile(&m, a, b))));
 }
 
-fn matmul_split_mnk(eg: &EGraph, class: Id, n: &ENode, out: &mut Vec<Term>) {
+fn matmul_split_mnk(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
     let Some(m) = matmul(eg, class, n) else {
         return;
     };
@@ -193,7 +193,7 @@ fn matmul_split_mnk(eg: &EGraph, class: Id, n: &ENode, out: &mut Vec<Term>) {
     ));
 }
 
-fn matmul_split_batch(eg: &EGraph, class: Id, n: &ENode, out: &mut Vec<Term>) {
+fn matmul_split_batch(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
     let Some(m) = matmul(eg, class, n) else {
         return;
     };
@@ -225,7 +225,7 @@ fn matmul_split_batch(eg: &EGraph, class: Id, n: &ENode, out: &mut Vec<Term>) {
     }
 }
 
-fn reduce_split_kept(eg: &EGraph, class: Id, n: &ENode, out: &mut Vec<Term>) {
+fn reduce_split_kept(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
     let Op::ReduceAxis {
         dim,
         reducer,
@@ -267,7 +267,7 @@ fn reduce_split_kept(eg: &EGraph, class: Id, n: &ENode, out: &mut Vec<Term>) {
     }
 }
 
-fn reduce_split_reduced(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+fn reduce_split_reduced(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
     let Op::ReduceAxis {
         dim,
         reducer: r @ ReducerRef::Builtin(_),

@@ -8,7 +8,7 @@ pub static RULES: &[Rule] = &[
     Rule { name: "store-partials", family: Family::Storage, equation: "reduce X parallel=p reducer=@r = reduce collection[p](X) axis=0 reducer=@r", find: store_partials },
 ];
 
-fn store_partials(_eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+fn store_partials(_eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
     let Op::ReduceParallel { axis, reducer } = &n.op else {
         return;
     };

@@ -11,10 +11,11 @@ pub static RULES: &[Rule] = &[
     Rule { name: "partition-replicate-swap", family: Family::Structural, equation: "partition[d,p](replicate[q](x)) = replicate[q](partition[d,p](x))", find: partition_replicate_swap },
     Rule { name: "replicate-partition-swap", family: Family::Structural, equation: "replicate[q](partition[d,p](x)) = partition[d,p](replicate[q](x))", find: replicate_partition_swap },
     Rule { name: "partition-partition-swap", family: Family::Structural, equation: "partition[d,p](partition[e,q](x)) = partition[e,q](partition[d,p](x))", find: partition_partition_swap },
+    Rule { name: "combination-injective",    family: Family::Structural, equation: "combination[d,a](x) = combination[d,a](y) ⇒ x = y", find: combination_injective },
     Rule { name: "replicate-replicate-swap", family: Family::Structural, equation: "replicate[p](replicate[q](x)) = replicate[q](replicate[p](x))", find: replicate_replicate_swap },
 ];
 
-fn partition_of_combination(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+fn partition_of_combination(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
     let Op::Partition(d, a) = &n.op else { return };
     for c in nodes(eg, n.children[0]) {
         if c.op == Op::Combination(*d, a.clone()) {
@@ -23,7 +24,7 @@ fn partition_of_combination(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Te
     }
 }
 
-fn combination_of_partition(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+fn combination_of_partition(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
     let Op::Combination(d, a) = &n.op else { return };
     for p in nodes(eg, n.children[0]) {
         if p.op == Op::Partition(*d, a.clone()) {
@@ -32,7 +33,7 @@ fn combination_of_partition(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Te
     }
 }
 
-fn partition_replicate_swap(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+fn partition_replicate_swap(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
     let Op::Partition(d, p) = &n.op else { return };
     for r in nodes(eg, n.children[0]) {
         if let Op::Replicate(q) = &r.op {
@@ -45,7 +46,7 @@ fn partition_replicate_swap(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Te
     }
 }
 
-fn replicate_partition_swap(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+fn replicate_partition_swap(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
     let Op::Replicate(q) = &n.op else { return };
     for p in nodes(eg, n.children[0]) {
         if let Op::Partition(..) = &p.op {
@@ -57,7 +58,7 @@ fn replicate_partition_swap(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Te
     }
 }
 
-fn partition_partition_swap(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+fn partition_partition_swap(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
     let Op::Partition(d, p) = &n.op else { return };
     for inner in nodes(eg, n.children[0]) {
         if let Op::Partition(e, q) = &inner.op {
@@ -74,7 +75,7 @@ fn partition_partition_swap(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Te
     }
 }
 
-fn replicate_replicate_swap(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Term>) {
+fn replicate_replicate_swap(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
     let Op::Replicate(p) = &n.op else { return };
     for inner in nodes(eg, n.children[0]) {
         if let Op::Replicate(q) = &inner.op {
@@ -84,6 +85,17 @@ fn replicate_replicate_swap(eg: &EGraph, _class: Id, n: &ENode, out: &mut Vec<Te
                     vec![node(Op::Replicate(p.clone()), vec![cls(inner.children[0])])],
                 ));
             }
+        }
+    }
+}
+
+fn combination_injective(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
+    let Op::Combination(..) = &n.op else { return };
+    let x = eg.find(n.children[0]);
+    for m in &eg[class].nodes {
+        let y = eg.find(m.children.first().copied().unwrap_or(x));
+        if m.op == n.op && y != x && x < y {
+            out.equal(x, cls(y));
         }
     }
 }

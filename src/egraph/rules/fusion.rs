@@ -1,0 +1,669 @@
+//! Reduction fusion (paper §4.2): reductions over the same domain become one reduction over
+//! a tuple state.
+//!
+//! - Product fusion pairs independent reductions: `⟨reduce X α @a, reduce Y α @b⟩ =
+//!   reduce ⟨X, Y⟩ α @a×b`.
+//! - Repair fusion folds consumers that depend on a producer's *final* result `s` into the
+//!   producer's fold: each consumer accumulates `g(y, s_current)` and repairs what it has
+//!   accumulated with `h(c, s, s')` whenever the producer's state moves from `s` to `s'`.
+//!   Repairs are not hand-written: candidates come from a small grammar and one is accepted
+//!   only when both identities of §4.2 hold on random values in the reference interpreter:
+//!   `h(g(y,s), s, s') = g(y, s')` and `h(a + b, s, s') = h(a, s, s') + h(b, s, s')`.
+//!
+//! Generated reducers are named after a hash of their definition, so the same fusion found
+//! twice yields one reducer.
+
+use super::*;
+use crate::interp::{random_inputs, relative_l2, Interpreter, Sizes};
+use crate::ir::{
+    BinaryOp, Binding, Body, BuiltinReducer, ExprKind, Function, Module, Node, NodeId, ReducerDef,
+    ReducerRef, UnaryOp,
+};
+use crate::passes::typing::{infer, TypeEnv};
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+#[rustfmt::skip]
+pub static RULES: &[Rule] = &[
+    // name              family            equation
+    Rule { name: "product-fusion", family: Family::Fusion, equation: "⟨reduce X parallel=p @a, reduce Y parallel=p @b⟩ = get[0,1](reduce tuple(X, Y) parallel=p @a×b)  (independent)", find: product_fusion },
+    Rule { name: "repair-fusion",  family: Family::Fusion, equation: "⟨s = reduce X parallel=p @P, reduce g(Y, s) parallel=p @add⟩ = get[0,1](reduce tuple(X, Y) parallel=p @h)  (h synthesised and checked)", find: repair_fusion },
+];
+
+// ---- the generated reducers ----
+
+fn fold_op(r: BuiltinReducer) -> BinaryOp {
+    match r {
+        BuiltinReducer::Add => BinaryOp::Add,
+        BuiltinReducer::Mul => BinaryOp::Multiply,
+        BuiltinReducer::Max => BinaryOp::Maximum,
+        BuiltinReducer::Min => BinaryOp::Minimum,
+    }
+}
+
+fn push(body: &mut Body, kind: ExprKind) -> NodeId {
+    body.push(Node {
+        kind,
+        name: None,
+        annot: None,
+        span: Default::default(),
+        ty: None,
+    })
+}
+
+fn param(body: &mut Body, name: &str) -> NodeId {
+    let id = body.push(Node {
+        kind: ExprKind::Param,
+        name: Some(name.to_string()),
+        annot: None,
+        span: Default::default(),
+        ty: None,
+    });
+    body.params.push(id);
+    id
+}
+
+/// Names a generated reducer after its definition, so equal fusions share one reducer.
+fn finish(mut def: ReducerDef, prefix: &str) -> ReducerDef {
+    use std::hash::{Hash, Hasher};
+    def.name = String::new();
+    let text = crate::ir::print::print_reducer(&def, Default::default());
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut h);
+    def.name = format!("{prefix}_{:08x}", h.finish() as u32);
+    def
+}
+
+/// `reducer @prod(state = <a0, a1>, item = <x0, x1>) { return tuple(a0 ∘ x0, a1 ∘ x1) }`.
+fn product_reducer(parts: &[BuiltinReducer]) -> ReducerDef {
+    let mut body = Body::default();
+    let state: Vec<NodeId> = (0..parts.len())
+        .map(|i| param(&mut body, &format!("acc{i}")))
+        .collect();
+    let items: Vec<NodeId> = (0..parts.len())
+        .map(|i| param(&mut body, &format!("x{i}")))
+        .collect();
+    let next: Vec<NodeId> = parts
+        .iter()
+        .enumerate()
+        .map(|(i, r)| push(&mut body, ExprKind::Binary(fold_op(*r), state[i], items[i])))
+        .collect();
+    let t = push(&mut body, ExprKind::Tuple(next));
+    body.results.push(t);
+    finish(
+        ReducerDef {
+            name: String::new(),
+            name_span: Default::default(),
+            state: (0..parts.len()).map(|i| format!("acc{i}")).collect(),
+            item: (0..parts.len()).map(|i| format!("x{i}")).collect(),
+            init: parts.iter().map(|r| r.identity()).collect(),
+            body,
+        },
+        "product",
+    )
+}
+
+// ---- product fusion ----
+
+fn builtin_parallel(n: &ENode) -> Option<(&String, BuiltinReducer)> {
+    match &n.op {
+        Op::ReduceParallel {
+            axis,
+            reducer: ReducerRef::Builtin(r),
+        } => Some((axis, *r)),
+        _ => None,
+    }
+}
+
+/// Classes that may be expressed using `s` (some e-node reaches it).
+fn may_depend(eg: &EGraph, s: Id) -> HashSet<Id> {
+    let mut dep: HashSet<Id> = HashSet::new();
+    dep.insert(eg.find(s));
+    loop {
+        let mut changed = false;
+        for c in eg.classes() {
+            if !dep.contains(&c.id)
+                && c.nodes
+                    .iter()
+                    .any(|n| n.children.iter().any(|k| dep.contains(&eg.find(*k))))
+            {
+                dep.insert(c.id);
+                changed = true;
+            }
+        }
+        if !changed {
+            return dep;
+        }
+    }
+}
+
+fn product_fusion(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
+    let Some((axis, ra)) = builtin_parallel(n) else {
+        return;
+    };
+    let x = n.children[0];
+    let Some(tx) = tensor_type(eg, x) else { return };
+    let uses_x = may_depend(eg, class);
+    let mut partners: Vec<(Id, Id, BuiltinReducer)> = Vec::new();
+    for c in eg.classes() {
+        if c.id <= class || uses_x.contains(&c.id) {
+            continue;
+        }
+        for m in &c.nodes {
+            let Some((axis2, rb)) = builtin_parallel(m) else {
+                continue;
+            };
+            let y = m.children[0];
+            // Same domain: same axis and the same tiling of the other axes.
+            let same_domain =
+                axis2 == axis && tensor_type(eg, y).is_some_and(|ty| ty.par == tx.par);
+            if same_domain && !may_depend(eg, c.id).contains(&eg.find(class)) {
+                partners.push((c.id, y, rb));
+            }
+        }
+    }
+    for (other, y, rb) in partners.into_iter().take(4) {
+        let def = product_reducer(&[ra, rb]);
+        let fused = node(
+            Op::ReduceParallel {
+                axis: axis.clone(),
+                reducer: ReducerRef::User(def.name.clone()),
+            },
+            vec![node(Op::Tuple, vec![cls(x), cls(y)])],
+        );
+        out.push(node(Op::Get(0), vec![fused.clone()]));
+        out.equal(other, node(Op::Get(1), vec![fused]));
+        out.reducers.push(def);
+    }
+}
+
+// ---- repair fusion ----
+
+/// A consumer's contribution `g(Y, s)` as a tree over items, the producer and literals.
+#[derive(Clone, Debug)]
+enum G {
+    Producer,
+    Item(Id),
+    Literal(u64, TensorType),
+    Node(Op, Vec<G>),
+}
+
+impl G {
+    fn uses_producer(&self) -> bool {
+        match self {
+            G::Producer => true,
+            G::Node(_, k) => k.iter().any(G::uses_producer),
+            _ => false,
+        }
+    }
+
+    fn items(&self, out: &mut Vec<Id>) {
+        match self {
+            G::Item(i) if !out.contains(i) => out.push(*i),
+            G::Node(_, k) => k.iter().for_each(|g| g.items(out)),
+            _ => {}
+        }
+    }
+}
+
+fn body_op(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Select
+            | Op::Cast(_)
+            | Op::ReduceAxis {
+                reducer: ReducerRef::Builtin(_),
+                ..
+            }
+            | Op::TileMatMul(_)
+            | Op::Transpose(_)
+    )
+}
+
+struct Extract<'a> {
+    eg: &'a EGraph,
+    axis: &'a str,
+    producer: Id,
+    producer_rep: Id,
+    visiting: HashSet<Id>,
+}
+
+impl Extract<'_> {
+    /// A view of a value that does not need the producer: it becomes an item of the fold.
+    fn item_view(&self, c: Id) -> bool {
+        self.eg[c].nodes.iter().any(|n| match &n.op {
+            Op::Partition(_, a) | Op::Replicate(a) if a == self.axis => {
+                let src = self.eg.find(n.children[0]);
+                src != self.producer
+                    && tensor_type(self.eg, src).is_some_and(|t| t.par.get(self.axis).is_none())
+            }
+            _ => false,
+        })
+    }
+
+    fn class(&mut self, c: Id, depth: usize) -> Option<G> {
+        let c = self.eg.find(c);
+        if c == self.producer_rep {
+            return Some(G::Producer);
+        }
+        let t = tensor_type(self.eg, c)?;
+        if t.shape.is_empty() && t.par.is_empty() {
+            return self.eg[c].nodes.iter().find_map(|n| match &n.op {
+                Op::Constant(bits, ty) => Some(G::Literal(*bits, ty.clone())),
+                _ => None,
+            });
+        }
+        // Prefer a term that reaches the producer; otherwise the class is an item if it is a
+        // view of a value computed before the fold.
+        if depth > 24 || !self.visiting.insert(c) {
+            return None;
+        }
+        let mut found = None;
+        for n in &self.eg[c].nodes {
+            if !body_op(&n.op) {
+                continue;
+            }
+            let kids: Option<Vec<G>> = n
+                .children
+                .iter()
+                .map(|k| self.class(*k, depth + 1))
+                .collect();
+            if let Some(kids) = kids {
+                let g = G::Node(n.op.clone(), kids);
+                if g.uses_producer() {
+                    found = Some(g);
+                    break;
+                }
+            }
+            if depth == 0 && found.is_none() {
+                continue;
+            }
+        }
+        self.visiting.remove(&c);
+        found.or_else(|| self.item_view(c).then_some(G::Item(c)))
+    }
+}
+
+/// Appends `g` to a body: items and the producer bind to the given nodes.
+fn emit(body: &mut Body, g: &G, producer: NodeId, items: &HashMap<Id, NodeId>) -> Option<NodeId> {
+    Some(match g {
+        G::Producer => producer,
+        G::Item(i) => *items.get(i)?,
+        G::Literal(bits, t) => {
+            let id = push(body, ExprKind::Constant(f64::from_bits(*bits)));
+            body.node_mut(id).annot = Some(Type::Tensor(t.clone()));
+            id
+        }
+        G::Node(op, kids) => {
+            let kids: Option<Vec<NodeId>> = kids
+                .iter()
+                .map(|k| emit(body, k, producer, items))
+                .collect();
+            let kind = ENode::new(op.clone(), vec![])
+                .to_expr_kind()
+                .with_operands(&kids?);
+            push(body, kind)
+        }
+    })
+}
+
+/// Repair candidates `h(c, s, s')`, simplest first.
+#[derive(Clone, Copy, Debug)]
+enum Repair {
+    Keep,
+    ScaleExpOldMinusNew,
+    ScaleExpNewMinusOld,
+    ShiftNewMinusOld,
+    ScaleOldOverNew,
+}
+
+const REPAIRS: [Repair; 5] = [
+    Repair::Keep,
+    Repair::ScaleExpOldMinusNew,
+    Repair::ScaleExpNewMinusOld,
+    Repair::ShiftNewMinusOld,
+    Repair::ScaleOldOverNew,
+];
+
+fn emit_repair(body: &mut Body, r: Repair, c: NodeId, s: NodeId, s1: NodeId) -> NodeId {
+    match r {
+        Repair::Keep => c,
+        Repair::ScaleExpOldMinusNew | Repair::ScaleExpNewMinusOld => {
+            let d = if matches!(r, Repair::ScaleExpOldMinusNew) {
+                push(body, ExprKind::Binary(BinaryOp::Subtract, s, s1))
+            } else {
+                push(body, ExprKind::Binary(BinaryOp::Subtract, s1, s))
+            };
+            let e = push(body, ExprKind::Unary(UnaryOp::Exp, d));
+            push(body, ExprKind::Binary(BinaryOp::Multiply, c, e))
+        }
+        Repair::ShiftNewMinusOld => {
+            let d = push(body, ExprKind::Binary(BinaryOp::Subtract, s1, s));
+            push(body, ExprKind::Binary(BinaryOp::Add, c, d))
+        }
+        Repair::ScaleOldOverNew => {
+            let q = push(body, ExprKind::Binary(BinaryOp::Divide, s, s1));
+            push(body, ExprKind::Binary(BinaryOp::Multiply, c, q))
+        }
+    }
+}
+
+/// An f32 tensor type without parallel state, for checking identities on plain tensors.
+fn plain(t: &TensorType) -> TensorType {
+    TensorType::new(crate::ir::DType::F32, t.shape.clone())
+}
+
+/// Runs a body whose params are inputs of the given types on random values; returns its
+/// two results' relative L2 distance.
+fn identity_error(body: Body, env: &TypeEnv, sizes: &Sizes, seed: u64) -> Option<f64> {
+    let mut body = body;
+    let types = crate::passes::typing::type_body(&body, &[], env).ok()?;
+    for (n, t) in body.nodes.iter_mut().zip(types) {
+        n.ty = Some(t);
+    }
+    let f = Function {
+        name: "identity".into(),
+        name_span: Default::default(),
+        bindings: sizes
+            .0
+            .iter()
+            .map(|(k, v)| Binding {
+                name: k.clone(),
+                value: *v,
+                span: Default::default(),
+            })
+            .collect(),
+        body,
+        comment: None,
+    };
+    let module = Module {
+        reducers: env.reducers().to_vec(),
+        ..Module::default()
+    };
+    let vals = random_inputs(&f, sizes, seed, 1.0).ok()?;
+    let res = Interpreter::new(&module, sizes.clone())
+        .run(&f, &vals)
+        .ok()?;
+    let (a, b) = (res.first()?.dense()?, res.get(1)?.dense()?);
+    Some(relative_l2(a, b))
+}
+
+/// Finds a repair for consumer contribution `g` checked on random values: `h(g(y,s),s,s') =
+/// g(y,s')` and `h(a+b,s,s') = h(a,s,s') + h(b,s,s')`.
+fn synthesise_repair(
+    eg: &EGraph,
+    axis: &str,
+    g: &G,
+    items: &[Id],
+    producer_ty: &TensorType,
+    contrib_ty: &TensorType,
+) -> Option<Repair> {
+    let env = &eg.analysis.env;
+    // Concrete small sizes: every symbol 4, every axis 2.
+    let mut syms = BTreeSet::new();
+    let mut collect = |t: &TensorType| {
+        for d in &t.shape {
+            match &d.base {
+                crate::ir::DimBase::Sym(s) => {
+                    syms.insert(s.clone());
+                }
+                crate::ir::DimBase::Extent(a) => {
+                    syms.insert(a.clone());
+                }
+                crate::ir::DimBase::Lit(_) => {}
+            }
+            for a in &d.splits {
+                syms.insert(a.clone());
+            }
+        }
+    };
+    let item_types: Vec<TensorType> = items
+        .iter()
+        .map(|i| {
+            // An item is one coordinate's tile of the fused axis.
+            let mut t = tensor_type(eg, *i)?.clone();
+            if let Some(crate::ir::ParKind::Partition(d)) = t.par.get(axis) {
+                t.shape[d] = t.shape[d].split_by(axis);
+            }
+            Some(plain(&t))
+        })
+        .collect::<Option<_>>()?;
+    item_types.iter().for_each(&mut collect);
+    collect(producer_ty);
+    collect(contrib_ty);
+    let sizes = Sizes(
+        syms.into_iter()
+            .map(|s| {
+                let v = if crate::ir::is_axis_name(&s) { 2 } else { 4 };
+                (s, v)
+            })
+            .collect(),
+    );
+    let p_ty = plain(producer_ty);
+    let c_ty = plain(contrib_ty);
+    'candidates: for r in REPAIRS {
+        for seed in [11u64, 12] {
+            // Identity 1: h(g(y, s), s, s') against g(y, s'), with s' = max(s, t).
+            let mut body = Body::default();
+            let mut item_nodes = HashMap::new();
+            let input = |body: &mut Body, t: &TensorType| {
+                let id = body.push(Node {
+                    kind: ExprKind::Input,
+                    name: None,
+                    annot: Some(Type::Tensor(t.clone())),
+                    span: Default::default(),
+                    ty: None,
+                });
+                body.params.push(id);
+                id
+            };
+            for (i, t) in items.iter().zip(&item_types) {
+                item_nodes.insert(*i, input(&mut body, t));
+            }
+            let s = input(&mut body, &p_ty);
+            let t = input(&mut body, &p_ty);
+            let s1 = push(&mut body, ExprKind::Binary(BinaryOp::Maximum, s, t));
+            let Some(gs) = emit(&mut body, g, s, &item_nodes) else {
+                return None;
+            };
+            let Some(gs1) = emit(&mut body, g, s1, &item_nodes) else {
+                return None;
+            };
+            let lhs = emit_repair(&mut body, r, gs, s, s1);
+            body.results = vec![lhs, gs1];
+            match identity_error(body, env, &sizes, seed) {
+                Some(e) if e <= 1e-4 => {}
+                _ => continue 'candidates,
+            }
+            // Identity 2: h distributes over the consumer's @add.
+            let mut body = Body::default();
+            let a = input(&mut body, &c_ty);
+            let b = input(&mut body, &c_ty);
+            let s = input(&mut body, &p_ty);
+            let t = input(&mut body, &p_ty);
+            let s1 = push(&mut body, ExprKind::Binary(BinaryOp::Maximum, s, t));
+            let ab = push(&mut body, ExprKind::Binary(BinaryOp::Add, a, b));
+            let lhs = emit_repair(&mut body, r, ab, s, s1);
+            let ha = emit_repair(&mut body, r, a, s, s1);
+            let hb = emit_repair(&mut body, r, b, s, s1);
+            let rhs = push(&mut body, ExprKind::Binary(BinaryOp::Add, ha, hb));
+            body.results = vec![lhs, rhs];
+            match identity_error(body, env, &sizes, seed) {
+                Some(e) if e <= 1e-4 => {}
+                _ => continue 'candidates,
+            }
+        }
+        return Some(r);
+    }
+    None
+}
+
+struct Consumer {
+    class: Id,
+    g: G,
+    repair: Repair,
+    ty: TensorType,
+}
+
+fn repair_fusion(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
+    let Some((axis, rp)) = builtin_parallel(n) else {
+        return;
+    };
+    if !matches!(rp, BuiltinReducer::Max | BuiltinReducer::Min) {
+        return;
+    }
+    let x = n.children[0];
+    let Some(producer_ty) = tensor_type(eg, class) else {
+        return;
+    };
+    let Some(rep) = eg.lookup(ENode::new(Op::Replicate(axis.clone()), vec![class])) else {
+        return;
+    };
+    let mut consumers: Vec<Consumer> = Vec::new();
+    let mut classes: Vec<Id> = eg.classes().map(|c| c.id).collect();
+    classes.sort();
+    for c in classes {
+        if c == eg.find(class) {
+            continue;
+        }
+        for m in &eg[c].nodes {
+            let Some((axis2, BuiltinReducer::Add)) = builtin_parallel(m) else {
+                continue;
+            };
+            let input = eg.find(m.children[0]);
+            if axis2 != axis {
+                continue;
+            }
+            let mut ex = Extract {
+                eg,
+                axis,
+                producer: eg.find(class),
+                producer_rep: eg.find(rep),
+                visiting: HashSet::new(),
+            };
+            let Some(g) = ex.class(input, 0) else {
+                continue;
+            };
+            let mut items = Vec::new();
+            g.items(&mut items);
+            let Some(cty) = tensor_type(eg, c) else {
+                continue;
+            };
+            if let Some(repair) = synthesise_repair(eg, axis, &g, &items, producer_ty, cty) {
+                consumers.push(Consumer {
+                    class: c,
+                    g,
+                    repair,
+                    ty: cty.clone(),
+                });
+                break;
+            }
+        }
+    }
+    if consumers.is_empty() {
+        return;
+    }
+    // Every non-empty subset of up to three consumers, in class order (the rolling
+    // attention form fuses the normaliser and the weighted sum).
+    consumers.truncate(6);
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for mask in 1u32..(1 << consumers.len()) {
+        if mask.count_ones() <= 3 {
+            groups.push(
+                (0..consumers.len())
+                    .filter(|i| mask & (1 << i) != 0)
+                    .collect(),
+            );
+        }
+    }
+    for group in groups {
+        let chosen: Vec<&Consumer> = group.iter().map(|i| &consumers[*i]).collect();
+        let mut items: Vec<Id> = Vec::new();
+        for c in &chosen {
+            c.g.items(&mut items);
+        }
+        let mut body = Body::default();
+        let s = param(&mut body, "s");
+        let cs: Vec<NodeId> = (0..chosen.len())
+            .map(|i| param(&mut body, &format!("c{i}")))
+            .collect();
+        let xp = param(&mut body, "x");
+        let mut item_nodes = HashMap::new();
+        for (i, it) in items.iter().enumerate() {
+            item_nodes.insert(*it, param(&mut body, &format!("y{i}")));
+        }
+        let s1 = push(&mut body, ExprKind::Binary(fold_op(rp), s, xp));
+        let mut next = vec![s1];
+        let mut ok = true;
+        for (i, c) in chosen.iter().enumerate() {
+            let repaired = emit_repair(&mut body, c.repair, cs[i], s, s1);
+            let Some(contrib) = emit(&mut body, &c.g, s1, &item_nodes) else {
+                ok = false;
+                break;
+            };
+            next.push(push(
+                &mut body,
+                ExprKind::Binary(BinaryOp::Add, repaired, contrib),
+            ));
+        }
+        if !ok {
+            continue;
+        }
+        let t = push(&mut body, ExprKind::Tuple(next));
+        body.results.push(t);
+        let mut init = vec![rp.identity()];
+        init.extend(chosen.iter().map(|_| 0.0));
+        let def = finish(
+            ReducerDef {
+                name: String::new(),
+                name_span: Default::default(),
+                state: std::iter::once("s".to_string())
+                    .chain((0..chosen.len()).map(|i| format!("c{i}")))
+                    .collect(),
+                item: std::iter::once("x".to_string())
+                    .chain((0..items.len()).map(|i| format!("y{i}")))
+                    .collect(),
+                init,
+                body,
+            },
+            "repair",
+        );
+        // Check the fused reduction's type before proposing it.
+        let mut env = TypeEnv::new(eg.analysis.env.reducers());
+        env.add_reducer(def.clone());
+        let mut field_types: Vec<Type> = vec![eg[x].data.clone().unwrap_or(Type::Tuple(vec![]))];
+        field_types.extend(
+            items
+                .iter()
+                .map(|i| eg[*i].data.clone().unwrap_or(Type::Tuple(vec![]))),
+        );
+        let tuple_ty = Type::Tuple(field_types);
+        let op = Op::ReduceParallel {
+            axis: axis.clone(),
+            reducer: ReducerRef::User(def.name.clone()),
+        };
+        let Ok(Type::Tuple(result)) = infer(
+            &ENode::new(op.clone(), vec![]).to_expr_kind(),
+            &[&tuple_ty],
+            None,
+            &env,
+        ) else {
+            continue;
+        };
+        let expected: Vec<Type> = std::iter::once(Type::Tensor(producer_ty.clone()))
+            .chain(chosen.iter().map(|c| Type::Tensor(c.ty.clone())))
+            .collect();
+        if result != expected {
+            continue;
+        }
+        let mut fields = vec![cls(x)];
+        fields.extend(items.iter().map(|i| cls(*i)));
+        let fused = node(op, vec![node(Op::Tuple, fields)]);
+        out.push(node(Op::Get(0), vec![fused.clone()]));
+        for (i, c) in chosen.iter().enumerate() {
+            out.equal(c.class, node(Op::Get(i + 1), vec![fused.clone()]));
+        }
+        out.reducers.push(def);
+    }
+}
