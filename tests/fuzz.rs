@@ -5,10 +5,12 @@
 //!   reductions, matmuls, partition/replicate/combination/collection chains, user reducers),
 //!   built statement by statement with the verifier as the oracle for what type-checks;
 //! - random mutations of those programs and of every `.ef` file in `examples/` and
-//!   `tests/lit` (delete, duplicate, swap and replace tokens, splice files, truncate, insert
-//!   random bytes including NUL and invalid UTF-8).
+//!   `tests/lit` (delete, duplicate, swap and replace tokens and lines, rename identifiers,
+//!   splice files, truncate, extreme numbers, insert NUL, control and non-ASCII characters);
+//!   byte-level mutations (invalid UTF-8, NUL, characters cut in half) go to the binary.
 //!
-//! Every case is parsed; diagnostics are rendered (their spans must lie inside the input);
+//! Every case is parsed; diagnostics are rendered (their spans must start inside the input
+//! and lie on character boundaries);
 //! whatever parses is printed, re-parsed and printed again (the text must be a fixed point,
 //! with and without `--print-types`-style annotations, and must verify exactly when the
 //! input does); small verified programs run in the interpreter, and so does their printed
@@ -19,7 +21,9 @@
 //!
 //! Environment: `EFOPT_FUZZ_SECS=N` runs for N seconds instead of the default fixed number
 //! of cases; `EFOPT_FUZZ_SEED=S` sets the seed (default: fixed, or time-based with
-//! `EFOPT_FUZZ_SECS`); `EFOPT_FUZZ_OUT=DIR` writes each failure's reproducer to DIR.
+//! `EFOPT_FUZZ_SECS`); `EFOPT_FUZZ_OUT=DIR` writes each failure's shrunken reproducer to
+//! DIR; `EFOPT_FUZZ_NO_SHRINK=1` reports failures unshrunk; `EFOPT_FUZZ_SHOW=N` prints the
+//! first N generated programs.
 //!
 //! The other tests are stress cases: a 10,000-statement program, a 1,000,000-term sum on one
 //! line, 100,000 nested parentheses, and empty, NUL and invalid UTF-8 input to the binary.
@@ -1881,10 +1885,15 @@ fn report(findings: &Findings) -> String {
     let mut out = String::new();
     let out_dir = std::env::var_os("EFOPT_FUZZ_OUT").map(PathBuf::from);
     for (n, (sig, (f, count))) in findings.by_signature.iter().enumerate() {
+        let budget = if env_u64("EFOPT_FUZZ_SECS").is_some() {
+            20
+        } else {
+            5
+        };
         let small = if std::env::var_os("EFOPT_FUZZ_NO_SHRINK").is_some() {
             f.input.clone()
         } else {
-            shrink(f, Duration::from_secs(20))
+            shrink(f, Duration::from_secs(budget))
         };
         out.push_str(&format!(
             "\n=== failure {}: {sig} (seen {count} times)\n{}\n",

@@ -48,6 +48,9 @@ pub struct Report {
     pub bugs: Vec<RuleBug>,
 }
 
+/// Progress callback: (iteration, e-classes, e-nodes, elapsed seconds).
+pub type Progress = Box<dyn FnMut(usize, usize, usize, f64)>;
+
 /// Builder-style limits, as in egg.
 pub struct Runner {
     pub node_limit: usize,
@@ -55,7 +58,7 @@ pub struct Runner {
     pub time_limit: Duration,
     pub families: Vec<Family>,
     /// Called after each iteration with (iteration, classes, nodes, elapsed seconds).
-    pub progress: Option<Box<dyn FnMut(usize, usize, usize, f64)>>,
+    pub progress: Option<Progress>,
 }
 
 impl Default for Runner {

@@ -114,26 +114,23 @@ fn builtin_parallel(n: &ENode) -> Option<(&String, BuiltinReducer)> {
     }
 }
 
-/// Classes that may be expressed using `s` (some e-node reaches it).
-fn may_depend(eg: &EGraph, s: Id) -> HashSet<Id> {
-    let mut dep: HashSet<Id> = HashSet::new();
-    dep.insert(eg.find(s));
-    loop {
-        let mut changed = false;
-        for c in eg.classes() {
-            if !dep.contains(&c.id)
-                && c.nodes
-                    .iter()
-                    .any(|n| n.children.iter().any(|k| dep.contains(&eg.find(*k))))
-            {
-                dep.insert(c.id);
-                changed = true;
-            }
+/// Whether some term of class `from` uses class `target` (downward reachability).
+fn reaches(eg: &EGraph, from: Id, target: Id) -> bool {
+    let target = eg.find(target);
+    let mut seen = HashSet::new();
+    let mut stack = vec![eg.find(from)];
+    while let Some(c) = stack.pop() {
+        if c == target {
+            return true;
         }
-        if !changed {
-            return dep;
+        if !seen.insert(c) {
+            continue;
+        }
+        for n in &eg[c].nodes {
+            stack.extend(n.children.iter().map(|k| eg.find(*k)));
         }
     }
+    false
 }
 
 fn product_fusion(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
@@ -142,10 +139,9 @@ fn product_fusion(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
     };
     let x = n.children[0];
     let Some(tx) = tensor_type(eg, x) else { return };
-    let uses_x = may_depend(eg, class);
     let mut partners: Vec<(Id, Id, BuiltinReducer)> = Vec::new();
     for c in eg.classes() {
-        if c.id <= class || uses_x.contains(&c.id) {
+        if c.id <= class {
             continue;
         }
         for m in &c.nodes {
@@ -153,11 +149,13 @@ fn product_fusion(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
                 continue;
             };
             let y = m.children[0];
-            // Same domain: same axis and the same tiling of the other axes.
+            // Same domain: same axis and the same tiling of the other axes; independent:
+            // neither input uses the other's result.
             let same_domain =
                 axis2 == axis && tensor_type(eg, y).is_some_and(|ty| ty.par == tx.par);
-            if same_domain && !may_depend(eg, c.id).contains(&eg.find(class)) {
+            if same_domain && !reaches(eg, y, class) && !reaches(eg, x, c.id) {
                 partners.push((c.id, y, rb));
+                break;
             }
         }
     }
@@ -227,6 +225,7 @@ struct Extract<'a> {
     producer: Id,
     producer_rep: Id,
     visiting: HashSet<Id>,
+    memo: HashMap<Id, Option<G>>,
 }
 
 impl Extract<'_> {
@@ -256,6 +255,9 @@ impl Extract<'_> {
         }
         // Prefer a term that reaches the producer; otherwise the class is an item if it is a
         // view of a value computed before the fold.
+        if let Some(done) = self.memo.get(&c) {
+            return done.clone();
+        }
         if depth > 24 || !self.visiting.insert(c) {
             return None;
         }
@@ -281,7 +283,9 @@ impl Extract<'_> {
             }
         }
         self.visiting.remove(&c);
-        found.or_else(|| self.item_view(c).then_some(G::Item(c)))
+        let result = found.or_else(|| self.item_view(c).then_some(G::Item(c)));
+        self.memo.insert(c, result.clone());
+        result
     }
 }
 
@@ -464,12 +468,8 @@ fn synthesise_repair(
             let s = input(&mut body, &p_ty);
             let t = input(&mut body, &p_ty);
             let s1 = push(&mut body, ExprKind::Binary(BinaryOp::Maximum, s, t));
-            let Some(gs) = emit(&mut body, g, s, &item_nodes) else {
-                return None;
-            };
-            let Some(gs1) = emit(&mut body, g, s1, &item_nodes) else {
-                return None;
-            };
+            let gs = emit(&mut body, g, s, &item_nodes)?;
+            let gs1 = emit(&mut body, g, s1, &item_nodes)?;
             let lhs = emit_repair(&mut body, r, gs, s, s1);
             body.results = vec![lhs, gs1];
             match identity_error(body, env, &sizes, seed) {
@@ -541,6 +541,7 @@ fn repair_fusion(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
                 producer: eg.find(class),
                 producer_rep: eg.find(rep),
                 visiting: HashSet::new(),
+                memo: HashMap::new(),
             };
             let Some(g) = ex.class(input, 0) else {
                 continue;

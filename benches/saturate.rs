@@ -1,0 +1,94 @@
+//! Saturation cost on every workload of ../shared/design/workloads.md at B = 1, 8, 16, next
+//! to the paper's figures (B = 16). Run with `cargo bench --bench saturate`; times are the
+//! median of five runs.
+
+use efopt::egraph::rules::all_rules;
+use efopt::egraph::runner::Runner;
+use efopt::egraph::TypedEGraph;
+use std::path::Path;
+use std::time::Instant;
+
+const WORKLOADS: &[(&str, &str, &str)] = &[
+    // file, paper e-classes/e-nodes, paper saturation seconds (B = 16)
+    ("ngpt", "100/296", "0.09"),
+    ("rmsnorm_mlp", "346/949", "8.72"),
+    ("rmsnorm_swiglu", "411/1,179", "0.89"),
+    ("gated_mlp", "256/645", "0.04"),
+    ("rmsnorm_gemm", "204/590", "0.02"),
+    ("lora", "284/870", "0.07"),
+    ("layernorm_gemm", "1,057/5,388", "151.6"),
+    ("mha_decode", "5,223/22,339", "395.3"),
+    ("mha_prefill", "5,286/65,283", "1741.9"),
+];
+
+fn main() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let rules = all_rules();
+    println!(
+        "{:<16} {:>3} {:>9} {:>8} {:>5} {:<22} {:>10}   {:>13} {:>10}",
+        "workload",
+        "B",
+        "e-classes",
+        "e-nodes",
+        "iters",
+        "stop",
+        "sat (ms)",
+        "paper cls/nds",
+        "paper (s)"
+    );
+    for (name, paper_size, paper_time) in WORKLOADS {
+        let path = root.join("examples").join(format!("{name}.ef"));
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            println!("{name:<16} missing {}", path.display());
+            continue;
+        };
+        for b in [1u64, 8, 16] {
+            let Ok(mut module) = efopt::parse::parse_module(&text, 0) else {
+                println!("{name:<16} does not parse");
+                break;
+            };
+            for f in &mut module.funcs {
+                for binding in &mut f.bindings {
+                    if binding.name == "B" {
+                        binding.value = b;
+                    }
+                }
+            }
+            if efopt::passes::verify::verify_module(&mut module).is_err() {
+                println!("{name:<16} does not verify");
+                break;
+            }
+            let f = &module.funcs[0];
+            let mut times = Vec::new();
+            let mut last = None;
+            for _ in 0..5 {
+                let Ok(mut g) = TypedEGraph::from_function(f, &module.reducers) else {
+                    break;
+                };
+                let start = Instant::now();
+                let report = Runner::default().run(&mut g, &rules);
+                times.push(start.elapsed().as_secs_f64() * 1e3);
+                last = Some(report);
+            }
+            times.sort_by(|a, b| a.total_cmp(b));
+            let Some(r) = last else { continue };
+            let (ps, pt) = if b == 16 {
+                (*paper_size, *paper_time)
+            } else {
+                ("", "")
+            };
+            println!(
+                "{:<16} {:>3} {:>9} {:>8} {:>5} {:<22} {:>10.1}   {:>13} {:>10}",
+                name,
+                b,
+                r.classes,
+                r.nodes,
+                r.iterations,
+                r.stop.to_string(),
+                times[times.len() / 2],
+                ps,
+                pt
+            );
+        }
+    }
+}
