@@ -630,25 +630,28 @@ impl<'m> Interpreter<'m> {
             Broadcast(shape, _) => {
                 let t = ops[0].tensor()?;
                 let target = self.sizes.eval_shape(shape)?;
+                // The tile shape comes from the result type: a partitioned dimension is
+                // divided by its axis extent, whatever the tile's size.
+                let mut tile_target = target.clone();
+                if let Some(Type::Tensor(ty)) = &n.ty {
+                    for (axis, kind) in &ty.par.0 {
+                        if let ParKind::Partition(d) = kind {
+                            let e = self.axis_extent(axis)?;
+                            if e == 0 || tile_target[*d] % e != 0 {
+                                return Err(format!(
+                                    "extent {e} of axis `{axis}` does not divide dimension {d}"
+                                ));
+                            }
+                            tile_target[*d] /= e;
+                        }
+                    }
+                } else {
+                    return Err("broadcast needs its result type; run verify first".into());
+                }
                 let tiles = t
                     .tiles
                     .iter()
-                    .map(|x| {
-                        // Partitioned dimensions keep their tile extent; size-1 dims expand.
-                        let off = target.len() - x.shape.len();
-                        let tile_target: Vec<usize> = target
-                            .iter()
-                            .enumerate()
-                            .map(|(i, &d)| {
-                                if i >= off && x.shape[i - off] != 1 {
-                                    x.shape[i - off]
-                                } else {
-                                    d
-                                }
-                            })
-                            .collect();
-                        x.broadcast_to(&tile_target).map(Arc::new)
-                    })
+                    .map(|x| x.broadcast_to(&tile_target).map(Arc::new))
                     .collect::<Result<_, String>>()?;
                 tt(TiledTensor {
                     dtype: t.dtype,

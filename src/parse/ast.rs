@@ -163,6 +163,30 @@ pub struct Expr {
 /// recurse over nesting, and a long chain like `a + a + … + a` must not overflow their stack.
 pub const MAX_EXPR_DEPTH: u32 = 200;
 
+/// Builds `a op b`, checking the depth at every step so a long chain `a + a + … + a` stops
+/// at the limit in linear time.
+pub fn infix(
+    op: InfixOp,
+    a: Expr,
+    b: Expr,
+    loc: Loc,
+) -> Result<Expr, crate::parse::lexer::LexError> {
+    let depth = 1 + a.depth.max(b.depth);
+    if depth > MAX_EXPR_DEPTH {
+        return Err(crate::parse::lexer::LexError {
+            start: loc.0,
+            end: loc.1,
+            message: format!("expression nests deeper than {MAX_EXPR_DEPTH} levels"),
+            help: Some("name intermediate values with statements instead of nesting".into()),
+        });
+    }
+    Ok(Expr {
+        ast: ExprAst::Infix(op, Box::new(a), Box::new(b)),
+        loc,
+        depth,
+    })
+}
+
 impl Expr {
     pub fn new(ast: ExprAst, loc: Loc, children: &[&Expr]) -> Expr {
         let depth = 1 + children.iter().map(|c| c.depth).max().unwrap_or(0);

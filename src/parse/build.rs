@@ -89,6 +89,9 @@ struct Scope {
     /// Names defined anywhere in the body, to explain use-before-definition.
     later: HashMap<String, Loc>,
     in_reducer: bool,
+    /// Address of the expression that is the whole right-hand side of the statement being
+    /// built: leaves that take their type from an annotation may only appear there.
+    stmt_root: usize,
     /// Statements that failed to build: uses of their names are not reported again.
     failed: std::collections::HashSet<String>,
     /// In an e-graph dump: the placeholder node made for each `%N` reference.
@@ -173,6 +176,7 @@ impl Builder {
                 .collect(),
             in_reducer: false,
             failed: Default::default(),
+            stmt_root: 0,
             class_refs: None,
         };
         self.statements(
@@ -283,6 +287,7 @@ impl Builder {
                 return;
             }
         }
+        scope.stmt_root = expr as *const Expr as usize;
         let id = match &expr.ast {
             ExprAst::Input => {
                 if scope.in_reducer {
@@ -470,6 +475,26 @@ impl Builder {
     }
 
     fn expr(&mut self, scope: &mut Scope, e: &Expr) -> Option<NodeId> {
+        // `constant`, `fill` and `iota` take their type from the statement's annotation.
+        let needs_type = match &e.ast {
+            ExprAst::Constant(_) => Some("constant"),
+            ExprAst::Call { op, .. } if op == "fill" || op == "iota" => Some(op.as_str()),
+            _ => None,
+        };
+        if let Some(op) = needs_type {
+            if scope.class_refs.is_none() && scope.stmt_root != e as *const Expr as usize {
+                let d = self
+                    .err(
+                        e.loc,
+                        format!("`{op}` needs a type, so it must be a whole statement"),
+                    )
+                    .with_help(format!(
+                        "write `name: tensor<SHAPE, DTYPE> = {op} …` and use `name`"
+                    ));
+                self.push(d);
+                return None;
+            }
+        }
         match &e.ast {
             ExprAst::Name(n) => {
                 if let Some((id, _)) = scope.names.get(n) {
@@ -1012,11 +1037,18 @@ impl Builder {
                 self.push(d);
                 continue;
             }
-            if is_axis_name(&bnd.name) && bnd.value == 0 {
-                let d = self.err(
-                    bnd.loc,
-                    format!("parallel axis `{}` needs an extent of at least 1", bnd.name),
-                );
+            if bnd.value == 0 {
+                let what = if is_axis_name(&bnd.name) {
+                    "parallel axis"
+                } else {
+                    "dimension"
+                };
+                let d = self
+                    .err(
+                        bnd.loc,
+                        format!("{what} `{}` needs a size of at least 1", bnd.name),
+                    )
+                    .with_help("empty tensors are not supported");
                 self.push(d);
                 continue;
             }
@@ -1145,6 +1177,7 @@ impl Builder {
             later: HashMap::new(),
             in_reducer: false,
             failed: Default::default(),
+            stmt_root: 0,
             class_refs: Some(Vec::new()),
         };
         let id = self.expr(&mut scope, e)?;
@@ -1252,6 +1285,7 @@ impl Builder {
                 .collect(),
             in_reducer: true,
             failed: Default::default(),
+            stmt_root: 0,
             class_refs: None,
         };
         for (name, loc) in state.iter().chain(item.iter()) {

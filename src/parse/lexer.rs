@@ -181,6 +181,7 @@ pub fn parse_shape(seg: &str, offset: usize) -> Result<Vec<Dim>, LexError> {
                 i += 1;
             }
             match seg[start..i].parse::<u64>() {
+                Ok(0) => return Err(err(start, "a dimension of size 0 is not supported")),
                 Ok(n) => DimBase::Lit(n),
                 Err(_) => return Err(err(start, "dimension literal is too large")),
             }
