@@ -958,7 +958,14 @@ impl<'a> Generator<'a> {
                     None => self.rng.pick(LITERALS).to_string(),
                 };
                 let cmp = self.rng.pick(COMPARE);
-                self.try_stmt(&name, &format!("select({cmp}({x}, {y}), {x}, {y})"));
+                let cond = if self.rng.chance(1, 3) {
+                    let logic = self.rng.pick(&["logical_and", "logical_or"]);
+                    let cmp2 = self.rng.pick(COMPARE);
+                    format!("{logic}({cmp}({x}, {y}), {cmp2}({y}, {x}))")
+                } else {
+                    format!("{cmp}({x}, {y})")
+                };
+                self.try_stmt(&name, &format!("select({cond}, {x}, {y})"));
             }
             6 | 7 => {
                 let Some(i) = self.pick_val(|v| tensor_of(&v.ty).is_some_and(|t| t.rank() > 0))
@@ -1192,6 +1199,27 @@ impl<'a> Generator<'a> {
                 let x = self.vals[i].name.clone();
                 let k = self.rng.below(n);
                 self.try_stmt(name, &format!("get[{k}]({x})"));
+            }
+            2 if self.rng.chance(1, 2) => {
+                // A tuple reducer folding the tiles of a value on a parallel axis.
+                if !self.reducers.iter().any(|r| r.0 == "pair") {
+                    return;
+                }
+                let Some(i) =
+                    self.pick_val(|v| tensor_of(&v.ty).is_some_and(|t| !t.par.is_empty()))
+                else {
+                    return;
+                };
+                let t = tensor_of(&self.vals[i].ty).cloned().unwrap();
+                let axes: Vec<String> = t.par.axes().cloned().collect();
+                let a = self.rng.pick(&axes).clone();
+                let x = self.vals[i].name.clone();
+                let r = self.fresh("r");
+                let item = format!("tuple({x}, neg({x}))");
+                if self.try_stmt(&r, &format!("reduce ({item}) parallel={a} reducer=@pair")) {
+                    let field = *self.rng.pick(&["s", "t", "0", "1"]);
+                    self.try_stmt(name, &format!("get[{field}]({r})"));
+                }
             }
             2 => {
                 if !self.reducers.iter().any(|r| r.0 == "pair") {

@@ -41,7 +41,7 @@ fn parse_expectations(text: &str, source: u32) -> (Vec<Expectation>, Vec<Diagnos
                     .unwrap_or(r.len());
                 let spec = &r[..end];
                 let target = if let Some(n) = spec.strip_prefix('+') {
-                    n.parse::<usize>().ok().map(|n| line_no + n)
+                    n.parse::<usize>().ok().and_then(|n| line_no.checked_add(n))
                 } else if let Some(n) = spec.strip_prefix('-') {
                     n.parse::<usize>().ok().and_then(|n| line_no.checked_sub(n))
                 } else {

@@ -48,6 +48,20 @@ pub struct Report {
     pub bugs: Vec<RuleBug>,
 }
 
+/// Which rules run in an iteration.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Scheduler {
+    /// Every rule, every iteration.
+    Simple,
+    /// egg's backoff: a rule whose proposals exceed `match_limit · 2^bans` in an iteration has
+    /// them dropped and sits out `ban_length · 2^bans` iterations, so one prolific rule cannot
+    /// flood the e-graph.
+    Backoff {
+        match_limit: usize,
+        ban_length: usize,
+    },
+}
+
 /// Progress callback: (iteration, e-classes, e-nodes, elapsed seconds).
 pub type Progress = Box<dyn FnMut(usize, usize, usize, f64)>;
 
@@ -57,6 +71,7 @@ pub struct Runner {
     pub iter_limit: usize,
     pub time_limit: Duration,
     pub families: Vec<Family>,
+    pub scheduler: Scheduler,
     /// Called after each iteration with (iteration, classes, nodes, elapsed seconds).
     pub progress: Option<Progress>,
 }
@@ -75,6 +90,7 @@ impl Default for Runner {
                 Family::Structural,
                 Family::Storage,
             ],
+            scheduler: Scheduler::Simple,
             progress: None,
         }
     }
@@ -96,6 +112,11 @@ impl Runner {
         self
     }
 
+    pub fn with_scheduler(mut self, s: Scheduler) -> Self {
+        self.scheduler = s;
+        self
+    }
+
     pub fn with_families(mut self, f: Vec<Family>) -> Self {
         self.families = f;
         self
@@ -112,6 +133,9 @@ impl Runner {
             rules.iter().map(|r| (r.name, 0)).collect();
         let mut bugs = Vec::new();
         let mut iterations = 0;
+        // Backoff state per rule: iteration until which it is banned, and how often it was.
+        let mut banned_until = vec![0usize; rules.len()];
+        let mut bans = vec![0u32; rules.len()];
         let stop = loop {
             if iterations >= self.iter_limit {
                 break StopReason::IterationLimit(self.iter_limit);
@@ -126,6 +150,10 @@ impl Runner {
             let mut proposals: Vec<(usize, Id, Term)> = Vec::new();
             let mut new_reducers = Vec::new();
             for (ri, rule) in rules.iter().enumerate() {
+                if banned_until[ri] > iterations {
+                    continue;
+                }
+                let first = proposals.len();
                 for &c in &classes {
                     let enodes: Vec<ENode> = g.egraph[c].nodes.clone();
                     for n in &enodes {
@@ -137,6 +165,18 @@ impl Runner {
                                 .map(|(target, t)| (ri, target.unwrap_or(c), t)),
                         );
                         new_reducers.extend(out.reducers);
+                    }
+                }
+                if let Scheduler::Backoff {
+                    match_limit,
+                    ban_length,
+                } = self.scheduler
+                {
+                    let threshold = match_limit << bans[ri].min(16);
+                    if proposals.len() - first > threshold {
+                        proposals.truncate(first);
+                        banned_until[ri] = iterations + (ban_length << bans[ri].min(16));
+                        bans[ri] += 1;
                     }
                 }
             }
@@ -194,7 +234,8 @@ impl Runner {
             let changed = unions > 0
                 || g.egraph.total_number_of_nodes() != nodes_before
                 || g.egraph.number_of_classes() != classes_before;
-            if !changed {
+            let waiting = banned_until.iter().any(|&b| b > iterations);
+            if !changed && !waiting {
                 break StopReason::Saturated;
             }
         };

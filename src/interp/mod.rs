@@ -979,7 +979,7 @@ impl<'m> Interpreter<'m> {
                         .eval_body(&typed, &params)
                         .map_err(|e| format!("in reducer @{name}: {}", e.message))?;
                     state = match out.into_iter().next() {
-                        Some(Value::Tuple(fs)) if def.state.len() > 1 => fs,
+                        Some(Value::Tuple(fs)) if def.state.len() > 1 || fs.len() == 1 => fs,
                         Some(v) if def.state.len() == 1 => vec![v],
                         _ => {
                             return Err(format!(

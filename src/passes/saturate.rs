@@ -31,6 +31,18 @@ pub fn saturate_info() -> PassInfo {
             help: "stop after this many seconds",
         },
         OptionInfo {
+            name: "scheduler",
+            kind: OptionKind::Choice(&["simple", "backoff"]),
+            default: "simple",
+            help: "`simple` runs every rule every iteration; `backoff` bans rules that propose too many terms (egg's BackoffScheduler)",
+        },
+        OptionInfo {
+            name: "dot",
+            kind: OptionKind::Path,
+            default: "",
+            help: "also write the saturated e-graph as a Graphviz file",
+        },
+        OptionInfo {
             name: "families",
             kind: OptionKind::List(&[
                 "algebraic",
@@ -53,6 +65,8 @@ pub fn saturate_info() -> PassInfo {
 }
 
 struct SaturatePass {
+    scheduler: crate::egraph::runner::Scheduler,
+    dot: Option<String>,
     node_limit: usize,
     iter_limit: usize,
     time_limit: f64,
@@ -62,6 +76,15 @@ struct SaturatePass {
 impl SaturatePass {
     fn new(info: &PassInfo, opts: &PassOptions) -> SaturatePass {
         SaturatePass {
+            scheduler: if opts.get(info, "scheduler") == "backoff" {
+                crate::egraph::runner::Scheduler::Backoff {
+                    match_limit: 1000,
+                    ban_length: 2,
+                }
+            } else {
+                crate::egraph::runner::Scheduler::Simple
+            },
+            dot: Some(opts.get(info, "dot").to_string()).filter(|s| !s.is_empty()),
             node_limit: opts.get(info, "node-limit").parse().unwrap_or(20_000),
             iter_limit: opts.get(info, "iter-limit").parse().unwrap_or(30),
             time_limit: opts.get(info, "time-limit").parse().unwrap_or(30.0),
@@ -110,7 +133,8 @@ impl Pass for SaturatePass {
                 .with_node_limit(self.node_limit)
                 .with_iter_limit(self.iter_limit)
                 .with_time_limit(Duration::from_secs_f64(self.time_limit))
-                .with_families(self.families.clone());
+                .with_families(self.families.clone())
+                .with_scheduler(self.scheduler);
             if show_progress {
                 runner.progress = Some(Box::new(move |it, classes, nodes, secs| {
                     if secs > 1.0 {
@@ -167,6 +191,15 @@ impl Pass for SaturatePass {
         }
         cx.counters
             .insert("egraphs".into(), serde_json::Value::Array(per_graph));
+        if let Some(path) = &self.dot {
+            let text: String = dumps.iter().map(to_dot).collect();
+            if let Err(e) = std::fs::write(path, text) {
+                errors.push(Diagnostic::global(
+                    Severity::Error,
+                    format!("saturate: cannot write `{path}`: {e}"),
+                ));
+            }
+        }
         if !errors.is_empty() {
             return Err(errors);
         }
@@ -174,4 +207,44 @@ impl Pass for SaturatePass {
         module.egraphs = dumps;
         Ok(())
     }
+}
+
+/// Graphviz: one dotted cluster per e-class holding its e-nodes; edges go from an e-node to
+/// the cluster of each operand class.
+pub fn to_dot(g: &EGraphDump) -> String {
+    let esc = |s: &str| s.replace('\\', "\\\\").replace('"', "\\\"");
+    let mut out = format!(
+        "digraph \"{}\" {{\n  compound=true;\n  clusterrank=local;\n",
+        esc(&g.name)
+    );
+    for c in &g.classes {
+        out.push_str(&format!(
+            "  subgraph cluster_{} {{\n    style=dotted;\n    label=\"%{} : {}\";\n",
+            c.id,
+            c.id,
+            esc(&c.ty.to_string())
+        ));
+        for (i, n) in c.nodes.iter().enumerate() {
+            let text = crate::ir::print::dump_node_text(n);
+            out.push_str(&format!(
+                "    \"{}.{}\" [label=\"{}\", shape=box];\n",
+                c.id,
+                i,
+                esc(&text)
+            ));
+        }
+        out.push_str("  }\n");
+    }
+    for c in &g.classes {
+        for (i, n) in c.nodes.iter().enumerate() {
+            for child in &n.children {
+                out.push_str(&format!(
+                    "  \"{}.{}\" -> \"{}.0\" [lhead=cluster_{}];\n",
+                    c.id, i, child, child
+                ));
+            }
+        }
+    }
+    out.push_str("}\n");
+    out
 }

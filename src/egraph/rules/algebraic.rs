@@ -17,6 +17,9 @@ pub static RULES: &[Rule] = &[
     Rule { name: "factor-out-lhs",     family: Family::Algebraic, equation: "matmul(X ∘ a, W) = matmul(X, W) ∘ a  (∘ ∈ {*, /}; a invariant along K)", find: factor_out_lhs },
     Rule { name: "factor-out-rhs",     family: Family::Algebraic, equation: "matmul(X, W ∘ a) = matmul(X, W) ∘ a  (∘ ∈ {*, /}; a invariant along K)", find: factor_out_rhs },
     Rule { name: "factor-into-lhs",    family: Family::Algebraic, equation: "matmul(X, W) ∘ a = matmul(X ∘ a, W)  (∘ ∈ {*, /}; a invariant along N)", find: factor_into_lhs },
+    Rule { name: "distribute-matmul-lhs", family: Family::Algebraic, equation: "matmul(A,B) + matmul(A,C) = matmul(A, B + C)", find: distribute_matmul_lhs },
+    Rule { name: "distribute-matmul-rhs", family: Family::Algebraic, equation: "matmul(A,C) + matmul(B,C) = matmul(A + B, C)", find: distribute_matmul_rhs },
+    Rule { name: "factor-common-multiply", family: Family::Algebraic, equation: "a * b + a * c = a * (b + c)", find: factor_common_multiply },
     Rule { name: "row-factor-outward", family: Family::Algebraic, equation: "(x ∘ a) * b = (x * b) ∘ a  (∘ ∈ {*, /}; a invariant along the last dim, b not: guarded reassociation)", find: row_factor_outward },
 ];
 
@@ -195,6 +198,71 @@ fn row_factor_outward(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
         if invariant_at(ta, rank, rank - 1) && !ta.shape.is_empty() {
             let xb = node(Op::Binary(BinaryOp::Multiply), vec![cls(x), cls(b)]);
             out.push(node(Op::Binary(op), vec![xb, cls(a)]));
+        }
+    }
+}
+
+/// `(x, y)` operand pairs of the matmuls in a class, with their accumulation dtype.
+fn matmuls(eg: &EGraph, c: Id) -> Vec<(Option<crate::ir::DType>, Id, Id)> {
+    nodes(eg, c)
+        .iter()
+        .filter_map(|n| match n.op {
+            Op::MatMul(acc) => Some((acc, n.children[0], n.children[1])),
+            _ => None,
+        })
+        .collect()
+}
+
+fn distribute_matmul_lhs(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
+    if n.op != Op::Binary(BinaryOp::Add) {
+        return;
+    }
+    for (acc1, a1, b) in matmuls(eg, n.children[0]) {
+        for (acc2, a2, c) in matmuls(eg, n.children[1]) {
+            if acc1 == acc2 && eg.find(a1) == eg.find(a2) && same_type(eg, b, c) {
+                let sum = node(Op::Binary(BinaryOp::Add), vec![cls(b), cls(c)]);
+                out.push(node(Op::MatMul(acc1), vec![cls(a1), sum]));
+            }
+        }
+    }
+}
+
+fn distribute_matmul_rhs(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
+    if n.op != Op::Binary(BinaryOp::Add) {
+        return;
+    }
+    for (acc1, a, c1) in matmuls(eg, n.children[0]) {
+        for (acc2, b, c2) in matmuls(eg, n.children[1]) {
+            if acc1 == acc2 && eg.find(c1) == eg.find(c2) && same_type(eg, a, b) {
+                let sum = node(Op::Binary(BinaryOp::Add), vec![cls(a), cls(b)]);
+                out.push(node(Op::MatMul(acc1), vec![sum, cls(c1)]));
+            }
+        }
+    }
+}
+
+/// Operands of the same type: their sum keeps it (no broadcasting, no promotion).
+fn same_type(eg: &EGraph, a: Id, b: Id) -> bool {
+    matches!((tensor_type(eg, a), tensor_type(eg, b)), (Some(x), Some(y)) if x == y)
+}
+
+fn factor_common_multiply(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
+    if n.op != Op::Binary(BinaryOp::Add) {
+        return;
+    }
+    let products = |c: Id| -> Vec<(Id, Id)> {
+        nodes(eg, c)
+            .iter()
+            .filter(|m| m.op == Op::Binary(BinaryOp::Multiply))
+            .map(|m| (eg.find(m.children[0]), eg.find(m.children[1])))
+            .collect()
+    };
+    for (a1, b) in products(n.children[0]) {
+        for (a2, c) in products(n.children[1]) {
+            if a1 == a2 && same_type(eg, b, c) {
+                let sum = node(Op::Binary(BinaryOp::Add), vec![cls(b), cls(c)]);
+                out.push(node(Op::Binary(BinaryOp::Multiply), vec![cls(a1), sum]));
+            }
         }
     }
 }
