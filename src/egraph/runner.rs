@@ -155,8 +155,7 @@ impl Runner {
                 }
                 let first = proposals.len();
                 for &c in &classes {
-                    let enodes: Vec<ENode> = g.egraph[c].nodes.clone();
-                    for n in &enodes {
+                    for n in &g.egraph[c].nodes {
                         let mut out = Out::default();
                         (rule.find)(&g.egraph, c, n, &mut out);
                         proposals.extend(
@@ -272,6 +271,12 @@ pub fn add_term(g: &mut TypedEGraph, term: &Term) -> Result<(Id, Type), String> 
                 types.push(t);
             }
             let enode = ENode::new(op.clone(), ids);
+            // Rules re-propose known terms every iteration: reuse them without re-typing.
+            if let Some(id) = g.egraph.lookup(enode.clone()) {
+                if let Some(ty) = g.egraph[id].data.clone() {
+                    return Ok((id, ty));
+                }
+            }
             let refs: Vec<&Type> = types.iter().collect();
             let ty = infer(
                 &enode.to_expr_kind(),
