@@ -289,6 +289,11 @@ pub fn run(args: &[String]) -> i32 {
             return 1;
         }
     };
+    // A UTF-8 byte-order mark is not part of the program; blank it (same length) so spans hold.
+    let text = match text.strip_prefix('\u{feff}') {
+        Some(rest) => format!("   {rest}"),
+        None => text,
+    };
     let base_dir = opts
         .input
         .as_deref()
