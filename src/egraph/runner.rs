@@ -194,11 +194,12 @@ impl Runner {
                     hit_node_limit = true;
                     break;
                 }
-                let want = g.egraph[class].data.clone();
                 match add_term(g, &term) {
-                    Ok((id, ty)) => {
-                        if Some(&ty) != want.as_ref() {
-                            let shown = want.map(|t| t.to_string()).unwrap_or_default();
+                    Ok(id) => {
+                        let (want, ty) = (&g.egraph[class].data, &g.egraph[id].data);
+                        if want != ty || want.is_none() {
+                            let shown = want.as_ref().map(|t| t.to_string()).unwrap_or_default();
+                            let ty = ty.as_ref().map(|t| t.to_string()).unwrap_or_default();
                             bugs.push(RuleBug {
                                 rule: rules[ri].name,
                                 message: format!(
@@ -255,38 +256,33 @@ impl Runner {
 }
 
 /// Adds a term bottom-up, checking each new e-node's type with the verifier's rules.
-pub fn add_term(g: &mut TypedEGraph, term: &Term) -> Result<(Id, Type), String> {
+pub fn add_term(g: &mut TypedEGraph, term: &Term) -> Result<Id, String> {
     match term {
-        Term::Class(id) => {
-            let id = g.egraph.find(*id);
-            let ty = g.egraph[id].data.clone().ok_or("untyped e-class")?;
-            Ok((id, ty))
-        }
+        Term::Class(id) => Ok(g.egraph.find(*id)),
         Term::Node(op, kids) => {
-            let mut ids = Vec::new();
-            let mut types = Vec::new();
-            for k in kids {
-                let (id, t) = add_term(g, k)?;
-                ids.push(id);
-                types.push(t);
-            }
+            let ids = kids
+                .iter()
+                .map(|k| add_term(g, k))
+                .collect::<Result<Vec<Id>, String>>()?;
             let enode = ENode::new(op.clone(), ids);
             // Rules re-propose known terms every iteration: reuse them without re-typing.
             if let Some(id) = g.egraph.lookup(enode.clone()) {
-                if let Some(ty) = g.egraph[id].data.clone() {
-                    return Ok((id, ty));
-                }
+                return Ok(id);
             }
-            let refs: Vec<&Type> = types.iter().collect();
-            let ty = infer(
+            let eg = &g.egraph;
+            let types: Vec<&Type> = enode
+                .children
+                .iter()
+                .map(|c| eg[*c].data.as_ref().ok_or("untyped e-class"))
+                .collect::<Result<_, _>>()?;
+            infer(
                 &enode.to_expr_kind(),
-                &refs,
+                &types,
                 enode.leaf_type().as_ref(),
-                &g.egraph.analysis.env,
+                &eg.analysis.env,
             )
             .map_err(|e| e.message)?;
-            let id = g.egraph.add(enode);
-            Ok((id, ty))
+            Ok(g.egraph.add(enode))
         }
     }
 }
