@@ -82,14 +82,7 @@ impl Default for Runner {
             node_limit: 20_000,
             iter_limit: 30,
             time_limit: Duration::from_secs(30),
-            families: vec![
-                Family::Algebraic,
-                Family::Refinement,
-                Family::Propagation,
-                Family::Fusion,
-                Family::Structural,
-                Family::Storage,
-            ],
+            families: Family::ALL.to_vec(),
             scheduler: Scheduler::Simple,
             progress: None,
         }

@@ -292,6 +292,18 @@ impl<'a> BodyPrinter<'a> {
     }
 }
 
+/// ` where A = 1, b = 2`, or nothing.
+fn where_clause(bindings: &[Binding]) -> String {
+    if bindings.is_empty() {
+        return String::new();
+    }
+    let b: Vec<String> = bindings
+        .iter()
+        .map(|b| format!("{} = {}", b.name, b.value))
+        .collect();
+    format!(" where {}", b.join(", "))
+}
+
 pub fn print_function(f: &Function, opts: PrintOptions) -> String {
     let mut out = String::new();
     if let Some(c) = &f.comment {
@@ -299,15 +311,7 @@ pub fn print_function(f: &Function, opts: PrintOptions) -> String {
             writeln!(out, "// {line}").ok();
         }
     }
-    write!(out, "func {}", f.name).ok();
-    if !f.bindings.is_empty() {
-        let b: Vec<String> = f
-            .bindings
-            .iter()
-            .map(|b| format!("{} = {}", b.name, b.value))
-            .collect();
-        write!(out, " where {}", b.join(", ")).ok();
-    }
+    write!(out, "func {}{}", f.name, where_clause(&f.bindings)).ok();
     out.push_str(" {\n");
     BodyPrinter::new(&f.body, opts).statements(&mut out, "  ");
     out.push_str("}\n");
@@ -363,15 +367,7 @@ pub fn dump_node_text(n: &DumpNode) -> String {
 }
 
 pub fn print_egraph(g: &EGraphDump) -> String {
-    let mut out = format!("egraph {}", g.name);
-    if !g.bindings.is_empty() {
-        let b: Vec<String> = g
-            .bindings
-            .iter()
-            .map(|b| format!("{} = {}", b.name, b.value))
-            .collect();
-        write!(out, " where {}", b.join(", ")).ok();
-    }
+    let mut out = format!("egraph {}{}", g.name, where_clause(&g.bindings));
     out.push_str(" {\n");
     for c in &g.classes {
         writeln!(out, "  eclass %{} : {} {{", c.id, c.ty).ok();

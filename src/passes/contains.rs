@@ -44,7 +44,23 @@ struct Matcher<'a> {
 
 const STEP_BUDGET: usize = 2_000_000;
 
-impl Matcher<'_> {
+impl<'a> Matcher<'a> {
+    fn new(
+        g: &'a TypedEGraph,
+        body: &'a Body,
+        prog_reducers: &'a [ReducerDef],
+        graph_reducers: &'a [ReducerDef],
+    ) -> Matcher<'a> {
+        Matcher {
+            g,
+            body,
+            prog_reducers,
+            graph_reducers,
+            axes: Vec::new(),
+            steps: 0,
+        }
+    }
+
     fn map_axis(&mut self, prog: &str, graph: &str) -> bool {
         if let Some((_, g)) = self.axes.iter().find(|(p, _)| p == prog) {
             return g == graph;
@@ -273,14 +289,7 @@ impl Pass for ContainsPass {
             };
             let enodes = program_enodes(f, &prog.reducers)
                 .map_err(|e| vec![Diagnostic::error(f.name_span, e)])?;
-            let mut m = Matcher {
-                g: &g,
-                body: &f.body,
-                prog_reducers: &prog.reducers,
-                graph_reducers: &module.reducers,
-                axes: Vec::new(),
-                steps: 0,
-            };
+            let mut m = Matcher::new(&g, &f.body, &prog.reducers, &module.reducers);
             let found = f.body.results.len() == g.roots.len()
                 && f.body
                     .results
@@ -314,14 +323,7 @@ impl Pass for ContainsPass {
             let mut culprit = None;
             let classes: Vec<Id> = g.egraph.classes().map(|c| c.id).collect();
             for id in f.body.ids() {
-                let mut probe = Matcher {
-                    g: &g,
-                    body: &f.body,
-                    prog_reducers: &prog.reducers,
-                    graph_reducers: &module.reducers,
-                    axes: Vec::new(),
-                    steps: 0,
-                };
+                let mut probe = Matcher::new(&g, &f.body, &prog.reducers, &module.reducers);
                 if !classes.iter().any(|c| {
                     probe.axes.clear();
                     probe.represents(*c, id, &enodes)

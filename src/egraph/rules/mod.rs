@@ -37,17 +37,17 @@ impl Family {
         }
     }
 
+    pub const ALL: [Family; 6] = [
+        Family::Algebraic,
+        Family::Refinement,
+        Family::Propagation,
+        Family::Fusion,
+        Family::Structural,
+        Family::Storage,
+    ];
+
     pub fn parse(s: &str) -> Option<Family> {
-        [
-            Family::Algebraic,
-            Family::Refinement,
-            Family::Propagation,
-            Family::Fusion,
-            Family::Structural,
-            Family::Storage,
-        ]
-        .into_iter()
-        .find(|f| f.name() == s)
+        Family::ALL.into_iter().find(|f| f.name() == s)
     }
 }
 
