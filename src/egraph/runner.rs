@@ -279,3 +279,43 @@ pub fn add_term(g: &mut TypedEGraph, term: &Term) -> Result<Id, String> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::egraph::rules::{Family, Out, Rule};
+    use crate::egraph::{ENode, Op};
+
+    /// A deliberately wrong rule: claims a non-square transpose equals its operand.
+    fn wrong(_eg: &crate::egraph::EGraph, _class: Id, n: &ENode, out: &mut Out) {
+        if let Op::Transpose(_) = n.op {
+            out.push(Term::Class(n.children[0]));
+        }
+    }
+
+    static WRONG: Rule = Rule {
+        name: "wrong-transpose-is-identity",
+        family: Family::Algebraic,
+        equation: "transpose[1,0](x) = x  (false)",
+        find: wrong,
+    };
+
+    #[test]
+    fn a_rule_proposing_another_type_is_reported_by_name_and_not_merged() {
+        let src = "func f where M = 2, N = 3 {\n  x: tensor<MxN, f32> = input\n  return transpose[1,0](x)\n}\n";
+        let mut m = crate::parse::parse_module(src, 0).expect("parses");
+        crate::passes::verify::verify_module(&mut m).expect("verifies");
+        let mut g = TypedEGraph::from_function(&m.funcs[0], &m.reducers).expect("e-graph");
+        let report = Runner::default().run(&mut g, &[&WRONG]);
+        assert_eq!(report.bugs.len(), 1, "{:?}", report.bugs);
+        assert_eq!(report.bugs[0].rule, "wrong-transpose-is-identity");
+        assert!(
+            report.bugs[0].message.contains("tensor<NxM, f32>"),
+            "{}",
+            report.bugs[0].message
+        );
+        // The two classes stay apart.
+        assert_eq!(g.egraph.number_of_classes(), 2);
+        assert_eq!(report.stop, StopReason::Saturated);
+    }
+}

@@ -299,8 +299,6 @@ fn unary_fn(op: UnaryOp) -> fn(f32) -> f32 {
 }
 
 fn binary_fn(op: BinaryOp) -> fn(f32, f32) -> f32 {
-    let b = |c: bool| if c { 1.0 } else { 0.0 };
-    let _ = b;
     match op {
         BinaryOp::Add => |x, y| x + y,
         BinaryOp::Subtract => |x, y| x - y,

@@ -205,7 +205,6 @@ impl Tensor {
                 }
             }
         }
-        let nbatch: usize = batch.iter().product();
         let mut shape = batch.clone();
         shape.push(m);
         shape.push(n);
@@ -244,7 +243,6 @@ impl Tensor {
                     }
                 }
             });
-        let _ = nbatch;
         Ok(Tensor { shape, data })
     }
 
@@ -327,12 +325,7 @@ impl Tensor {
     }
 
     pub fn broadcast_to(&self, shape: &[usize]) -> Result<Tensor, String> {
-        let target = Tensor {
-            shape: shape.to_vec(),
-            data: vec![],
-        };
         let z = Tensor::filled(shape.to_vec(), 0.0)?;
-        let _ = target;
         Tensor::zip(&[self, &z], |v| v[0])
     }
 

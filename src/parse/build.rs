@@ -94,6 +94,8 @@ struct Scope {
     stmt_root: usize,
     /// Statements that failed to build: uses of their names are not reported again.
     failed: std::collections::HashSet<String>,
+    /// In an e-graph dump: the argument position of an `input N` e-node.
+    input_pos: Option<u32>,
     /// In an e-graph dump: the placeholder node made for each `%N` reference.
     class_refs: Option<Vec<(NodeId, u32)>>,
 }
@@ -177,6 +179,7 @@ impl Builder {
             in_reducer: false,
             failed: Default::default(),
             stmt_root: 0,
+            input_pos: None,
             class_refs: None,
         };
         self.statements(
@@ -560,7 +563,7 @@ impl Builder {
                 };
                 let id = self.new_node(scope, ExprKind::Input, e.loc);
                 scope.body.params.push(id);
-                scope.body.results.push(NodeId(pos));
+                scope.input_pos = Some(pos);
                 Some(id)
             }
             ExprAst::Neg(inner) => {
@@ -1113,7 +1116,7 @@ impl Builder {
                     let Some(ty) = self.ty(ty) else { continue };
                     let mut enodes = Vec::new();
                     for n in nodes {
-                        if let Some(node) = self.dump_node(n, &ty) {
+                        if let Some(node) = self.dump_node(n) {
                             enodes.push(node);
                         }
                     }
@@ -1170,7 +1173,7 @@ impl Builder {
     }
 
     /// One e-node: a single operation whose operands are all `%N` references.
-    fn dump_node(&mut self, e: &Expr, class_ty: &Type) -> Option<DumpNode> {
+    fn dump_node(&mut self, e: &Expr) -> Option<DumpNode> {
         let mut scope = Scope {
             body: Body::default(),
             names: HashMap::new(),
@@ -1178,6 +1181,7 @@ impl Builder {
             in_reducer: false,
             failed: Default::default(),
             stmt_root: 0,
+            input_pos: None,
             class_refs: Some(Vec::new()),
         };
         let id = self.expr(&mut scope, e)?;
@@ -1206,10 +1210,9 @@ impl Builder {
         }
         let placeholders: Vec<NodeId> = (0..children.len() as u32).map(NodeId).collect();
         let input = match node.kind {
-            ExprKind::Input => scope.body.results.first().map(|n| n.0),
+            ExprKind::Input => scope.input_pos,
             _ => None,
         };
-        let _ = class_ty;
         Some(DumpNode {
             kind: node.kind.with_operands(&placeholders),
             children,
@@ -1286,6 +1289,7 @@ impl Builder {
             in_reducer: true,
             failed: Default::default(),
             stmt_root: 0,
+            input_pos: None,
             class_refs: None,
         };
         for (name, loc) in state.iter().chain(item.iter()) {

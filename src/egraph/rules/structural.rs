@@ -36,12 +36,11 @@ fn combination_of_partition(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
 fn partition_replicate_swap(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
     let Op::Partition(d, p) = &n.op else { return };
     for r in nodes(eg, n.children[0]) {
-        if let Op::Replicate(q) = &r.op {
+        if let Op::Replicate(_) = &r.op {
             out.push(node(
                 r.op.clone(),
                 vec![node(Op::Partition(*d, p.clone()), vec![cls(r.children[0])])],
             ));
-            let _ = q;
         }
     }
 }
