@@ -25,7 +25,7 @@ fn main() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let rules = all_rules();
     println!(
-        "{:<16} {:>3} {:>9} {:>8} {:>5} {:<22} {:>10}   {:>13} {:>10}",
+        "{:<16} {:>3} {:>9} {:>8} {:>5} {:<22} {:>10} {:>20}   {:>13} {:>10}",
         "workload",
         "B",
         "e-classes",
@@ -33,6 +33,7 @@ fn main() {
         "iters",
         "stop",
         "sat (ms)",
+        "search/add/rebuild",
         "paper cls/nds",
         "paper (s)"
     );
@@ -78,7 +79,7 @@ fn main() {
                 ("", "")
             };
             println!(
-                "{:<16} {:>3} {:>9} {:>8} {:>5} {:<22} {:>10.1}   {:>13} {:>10}",
+                "{:<16} {:>3} {:>9} {:>8} {:>5} {:<22} {:>10.1} {:>20}   {:>13} {:>10}",
                 name,
                 b,
                 r.classes,
@@ -86,6 +87,12 @@ fn main() {
                 r.iterations,
                 r.stop.to_string(),
                 times[times.len() / 2],
+                format!(
+                    "{:.1}/{:.1}/{:.1}",
+                    r.phase_seconds[0] * 1e3,
+                    r.phase_seconds[1] * 1e3,
+                    r.phase_seconds[2] * 1e3
+                ),
                 ps,
                 pt
             );

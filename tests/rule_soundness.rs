@@ -19,21 +19,96 @@ use std::path::Path;
 
 const MAX_INSTANCES_PER_RULE: usize = 12;
 
-fn load(path: &Path, cap: u64) -> Module {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let mut m = efopt::parse::parse_module(&text, 0)
-        .unwrap_or_else(|e| panic!("{}: {e:?}", path.display()));
-    // Small sizes keep interpretation fast and keep the default extents (divisors ≤ 4) useful.
-    for f in &mut m.funcs {
-        for b in &mut f.bindings {
-            if is_dim_symbol(&b.name) && b.value > cap {
-                b.value = cap;
-            }
+/// How an instance program is sized: every dimension capped, or random dimensions and a
+/// random floating-point storage dtype (seeded).
+#[derive(Clone, Copy)]
+enum Variant {
+    Capped(u64),
+    Random(u64),
+}
+
+impl Variant {
+    fn kind(self) -> usize {
+        match self {
+            Variant::Capped(_) => 0,
+            Variant::Random(_) => 1,
         }
     }
-    efopt::passes::verify::verify_module(&mut m)
-        .unwrap_or_else(|e| panic!("{}: {e:?}", path.display()));
-    m
+}
+
+/// splitmix64, for the random shapes.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e3779b97f4a7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
+    z ^ (z >> 31)
+}
+
+/// The program at `path` sized by `variant`; `None` when a random shape does not verify (e.g.
+/// a reshape whose sizes no longer agree) after a few draws.
+fn load(path: &Path, variant: Variant) -> Option<Module> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let draws = match variant {
+        Variant::Capped(_) => 1,
+        Variant::Random(_) => 6,
+    };
+    for draw in 0..draws {
+        let text = match variant {
+            Variant::Capped(_) => text.clone(),
+            Variant::Random(seed) => {
+                let dtype = ["bf16", "f16", "f32"][(mix(seed ^ 0xd7) % 3) as usize];
+                text.replace("bf16", dtype)
+            }
+        };
+        let mut m = efopt::parse::parse_module(&text, 0)
+            .unwrap_or_else(|e| panic!("{}: {e:?}", path.display()));
+        // Small sizes keep interpretation fast and keep the default extents (divisors ≤ 4)
+        // useful.
+        for f in &mut m.funcs {
+            for (i, b) in f.bindings.iter_mut().enumerate() {
+                if !is_dim_symbol(&b.name) {
+                    continue;
+                }
+                match variant {
+                    Variant::Capped(cap) => b.value = b.value.min(cap),
+                    Variant::Random(seed) => {
+                        b.value = 1 + mix(seed ^ (draw << 32) ^ i as u64) % 12;
+                    }
+                }
+            }
+        }
+        match efopt::passes::verify::verify_module(&mut m) {
+            Ok(_) => return Some(m),
+            Err(e) if matches!(variant, Variant::Capped(_)) => {
+                panic!("{}: {e:?}", path.display())
+            }
+            Err(_) => continue,
+        }
+    }
+    None
+}
+
+/// The pointwise operator a propagation instance moves a view through: the proposal's root
+/// (views moved in) or its operand (views moved out).
+fn pointwise_operator(t: &Term) -> Option<String> {
+    let name = |op: &Op| match op {
+        Op::Unary(u) => UNARY_OPS
+            .iter()
+            .find(|(_, v)| v == u)
+            .map(|(n, _)| n.to_string()),
+        Op::Binary(b) => BINARY_OPS
+            .iter()
+            .find(|(_, v)| v == b)
+            .map(|(n, _)| n.to_string()),
+        Op::Select => Some("select".into()),
+        Op::Cast(_) => Some("cast".into()),
+        _ => None,
+    };
+    let Term::Node(op, kids) = t else { return None };
+    name(op).or_else(|| match kids.first() {
+        Some(Term::Node(op, _)) => name(op),
+        _ => None,
+    })
 }
 
 /// Builds a body evaluating `root`: the function's inputs first (in order), then the nodes.
@@ -196,16 +271,37 @@ fn every_rule_is_sound_on_instances() {
         .collect();
     files.sort();
     let rules = all_rules();
-    let mut passed: HashMap<&str, usize> = rules.iter().map(|r| (r.name, 0)).collect();
+    // Passing instances per rule, from capped and from random-shape programs.
+    let mut passed: HashMap<&str, [usize; 2]> = rules.iter().map(|r| (r.name, [0, 0])).collect();
+    // Passing instances of each pointwise propagation rule per operator.
+    let mut per_operator: HashMap<(&str, String), usize> = HashMap::new();
     let mut failures = Vec::new();
-    // Two size settings, so instances see different shapes and tile extents.
-    for (path, cap) in files.iter().flat_map(|p| [(p, 16u64), (p, 8)]) {
-        let module = load(path, cap);
+    // Three size settings, so instances see different shapes, tile extents and dtypes.
+    let variants = files.iter().enumerate().flat_map(|(i, p)| {
+        [
+            (p, Variant::Capped(16)),
+            (p, Variant::Capped(8)),
+            (p, Variant::Random(mix(i as u64 + 1))),
+        ]
+    });
+    let mut random_programs = 0;
+    for (path, variant) in variants {
+        let Some(module) = load(path, variant) else {
+            continue;
+        };
+        random_programs += variant.kind();
         for f in &module.funcs {
             let mut g = TypedEGraph::from_function(f, &module.reducers).expect("e-graph");
+            // A program may ask for deeper saturation with `// soundness-iterations: N`.
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            let iterations = text
+                .lines()
+                .find_map(|l| l.strip_prefix("// soundness-iterations: "))
+                .and_then(|n| n.trim().parse().ok())
+                .unwrap_or(3);
             let report = Runner::default()
-                .with_iter_limit(3)
-                .with_node_limit(4000)
+                .with_iter_limit(iterations)
+                .with_node_limit(4000 * iterations)
                 .run(&mut g, &rules);
             assert!(
                 report.bugs.is_empty(),
@@ -218,13 +314,18 @@ fn every_rule_is_sound_on_instances() {
             let mut module = module.clone();
             module.reducers = g.egraph.analysis.env.reducers().to_vec();
             let sizes = egraph_sizes(&g, f);
-            let inputs_unit = random_inputs(f, &sizes, 7, 1.0).expect("inputs");
-            let inputs_large = random_inputs(f, &sizes, 8, 30.0).expect("inputs");
+            let inputs_unit =
+                random_inputs(f, &sizes, 7 + variant.kind() as u64 * 10, 1.0).expect("inputs");
+            let inputs_large =
+                random_inputs(f, &sizes, 8 + variant.kind() as u64 * 10, 30.0).expect("inputs");
             let mut classes: Vec<Id> = g.egraph.classes().map(|c| c.id).collect();
             classes.sort();
             for rule in &rules {
                 for &c in &classes {
-                    if passed[rule.name] >= MAX_INSTANCES_PER_RULE {
+                    let pointwise_rule = rule.name.starts_with("pointwise-");
+                    if passed[rule.name][variant.kind()] >= MAX_INSTANCES_PER_RULE
+                        && !pointwise_rule
+                    {
                         break;
                     }
                     for n in g.egraph[c].nodes.clone() {
@@ -236,6 +337,17 @@ fn every_rule_is_sound_on_instances() {
                             }
                         }
                         for (target, t) in out.proposals.into_iter().take(3) {
+                            let operator = pointwise_operator(&t);
+                            // Pointwise rules: up to the cap per rule, then only operators
+                            // without an instance yet.
+                            if pointwise_rule
+                                && passed[rule.name][variant.kind()] >= MAX_INSTANCES_PER_RULE
+                                && operator.as_ref().is_none_or(|o| {
+                                    per_operator.contains_key(&(rule.name, o.clone()))
+                                })
+                            {
+                                continue;
+                            }
                             let mut lhs = BodyBuilder {
                                 g: &g,
                                 extractor: &extractor,
@@ -289,9 +401,10 @@ fn every_rule_is_sound_on_instances() {
                                             }
                                             ok = false;
                                             failures.push(format!(
-                                                "{} at {} ({}): relative L2 {e}",
+                                                "{} at {} ({}, {}): relative L2 {e}",
                                                 rule.name,
                                                 path.display(),
+                                                ["capped", "random shape"][variant.kind()],
                                                 f.name
                                             ));
                                         }
@@ -309,7 +422,10 @@ fn every_rule_is_sound_on_instances() {
                                 }
                             }
                             if ok {
-                                *passed.get_mut(rule.name).expect("rule") += 1;
+                                passed.get_mut(rule.name).expect("rule")[variant.kind()] += 1;
+                                if let Some(o) = operator.filter(|_| pointwise_rule) {
+                                    *per_operator.entry((rule.name, o)).or_default() += 1;
+                                }
                             }
                         }
                     }
@@ -322,13 +438,64 @@ fn every_rule_is_sound_on_instances() {
         "unsound rule instances:\n{}",
         failures.join("\n")
     );
+    for r in &rules {
+        let [capped, random] = passed[r.name];
+        eprintln!(
+            "{:<32} {capped:>3} capped, {random:>3} random-shape instances",
+            r.name
+        );
+    }
+    eprintln!("{random_programs} random-shape programs");
     let untested: Vec<&str> = rules
         .iter()
         .map(|r| r.name)
-        .filter(|n| passed[n] == 0)
+        .filter(|n| passed[n][0] + passed[n][1] == 0)
         .collect();
     assert!(
         untested.is_empty(),
         "rules without a passing instance: {untested:?}"
+    );
+    assert!(
+        random_programs * 2 >= files.len(),
+        "only {random_programs} of {} programs verified with random shapes",
+        files.len()
+    );
+    // Every pointwise operator through every pointwise propagation rule (the paper counts
+    // these as one rule per operator).
+    let operators: Vec<String> = UNARY_OPS
+        .iter()
+        .map(|(n, _)| n.to_string())
+        .chain(BINARY_OPS.iter().map(|(n, _)| n.to_string()))
+        .chain(["select".to_string(), "cast".to_string()])
+        .collect();
+    let mut missing = Vec::new();
+    for rule in [
+        "pointwise-partition-in",
+        "pointwise-replicate-in",
+        "pointwise-replicate-out",
+        "pointwise-combination-out",
+    ] {
+        for o in &operators {
+            if !per_operator.contains_key(&(rule, o.clone())) {
+                missing.push(format!("{rule} × {o}"));
+            }
+        }
+    }
+    eprintln!(
+        "pointwise propagation instances: {} rule × operator pairs",
+        per_operator.len()
+    );
+    assert!(
+        missing.is_empty(),
+        "pointwise propagation without a passing instance per operator: {missing:?}"
+    );
+    let no_random: Vec<&str> = rules
+        .iter()
+        .map(|r| r.name)
+        .filter(|n| passed[n][1] == 0)
+        .collect();
+    assert!(
+        no_random.is_empty(),
+        "rules without a passing random-shape instance: {no_random:?}"
     );
 }

@@ -7,6 +7,8 @@ use super::rules::{Family, Out, Rule, Term};
 use crate::ir::Type;
 use crate::passes::typing::infer;
 use egg::Id;
+use std::collections::{HashMap, HashSet};
+use std::hash::{Hash, Hasher};
 use std::time::{Duration, Instant};
 
 /// Why saturation stopped.
@@ -44,6 +46,8 @@ pub struct Report {
     pub classes: usize,
     pub nodes: usize,
     pub seconds: f64,
+    /// Time spent running rule finders, adding proposals, and rebuilding.
+    pub phase_seconds: [f64; 3],
     pub applications: Vec<(&'static str, usize)>,
     pub bugs: Vec<RuleBug>,
 }
@@ -74,6 +78,9 @@ pub struct Runner {
     pub scheduler: Scheduler,
     /// Called after each iteration with (iteration, classes, nodes, elapsed seconds).
     pub progress: Option<Progress>,
+    /// Semi-naive search (the default): local rules revisit only changed neighbourhoods.
+    /// Off, every rule searches every e-node each iteration; the result is the same.
+    pub incremental: bool,
 }
 
 impl Default for Runner {
@@ -85,6 +92,7 @@ impl Default for Runner {
             families: Family::ALL.to_vec(),
             scheduler: Scheduler::Simple,
             progress: None,
+            incremental: true,
         }
     }
 }
@@ -110,6 +118,11 @@ impl Runner {
         self
     }
 
+    pub fn with_incremental_search(mut self, on: bool) -> Self {
+        self.incremental = on;
+        self
+    }
+
     pub fn with_families(mut self, f: Vec<Family>) -> Self {
         self.families = f;
         self
@@ -126,9 +139,13 @@ impl Runner {
             rules.iter().map(|r| (r.name, 0)).collect();
         let mut bugs = Vec::new();
         let mut iterations = 0;
+        let mut phase = [0.0f64; 3];
         // Backoff state per rule: iteration until which it is banned, and how often it was.
         let mut banned_until = vec![0usize; rules.len()];
         let mut bans = vec![0u32; rules.len()];
+        // Per rule: classes to revisit next time it runs (None: all of them).
+        let mut pending: Vec<Option<HashSet<Id>>> = vec![None; rules.len()];
+        let mut fingerprints = class_fingerprints(g);
         let stop = loop {
             if iterations >= self.iter_limit {
                 break StopReason::IterationLimit(self.iter_limit);
@@ -140,6 +157,8 @@ impl Runner {
             // Search: proposals from a snapshot of the e-graph, in a deterministic order.
             let mut classes: Vec<Id> = g.egraph.classes().map(|c| c.id).collect();
             classes.sort();
+            index_parallel_reductions(g, &classes);
+            let t_search = Instant::now();
             let mut proposals: Vec<(usize, Id, Term)> = Vec::new();
             let mut new_reducers = Vec::new();
             for (ri, rule) in rules.iter().enumerate() {
@@ -147,7 +166,20 @@ impl Runner {
                     continue;
                 }
                 let first = proposals.len();
-                for &c in &classes {
+                // Semi-naive search: a local rule only revisits classes whose neighbourhood
+                // changed since it last ran; everything else would re-propose known terms.
+                let dirty: Vec<Id>;
+                let scope: &[Id] = match &pending[ri] {
+                    Some(d) if self.incremental && !rule.searches_globally() => {
+                        let mut v: Vec<Id> = d.iter().map(|c| g.egraph.find(*c)).collect();
+                        v.sort();
+                        v.dedup();
+                        dirty = v;
+                        &dirty
+                    }
+                    _ => &classes,
+                };
+                for &c in scope {
                     for n in &g.egraph[c].nodes {
                         let mut out = Out::default();
                         (rule.find)(&g.egraph, c, n, &mut out);
@@ -159,6 +191,7 @@ impl Runner {
                         new_reducers.extend(out.reducers);
                     }
                 }
+                pending[ri] = Some(HashSet::new());
                 if let Scheduler::Backoff {
                     match_limit,
                     ban_length,
@@ -167,6 +200,7 @@ impl Runner {
                     let threshold = match_limit << bans[ri].min(16);
                     if proposals.len() - first > threshold {
                         proposals.truncate(first);
+                        pending[ri] = None;
                         banned_until[ri] = iterations + (ban_length << bans[ri].min(16));
                         bans[ri] += 1;
                     }
@@ -175,6 +209,8 @@ impl Runner {
             for r in new_reducers {
                 g.egraph.analysis.env.add_reducer(r);
             }
+            phase[0] += t_search.elapsed().as_secs_f64();
+            let t_apply = Instant::now();
             // Apply.
             let (nodes_before, classes_before) = (
                 g.egraph.total_number_of_nodes(),
@@ -212,7 +248,18 @@ impl Runner {
                     }),
                 }
             }
-            g.egraph.rebuild();
+            phase[1] += t_apply.elapsed().as_secs_f64();
+            let t_rebuild = Instant::now();
+            super::graph::rebuild(&mut g.egraph);
+            if self.incremental {
+                let now = class_fingerprints(g);
+                let dirty = dirty_neighbourhood(g, &fingerprints, &now, LOCAL_RULE_DEPTH);
+                for p in pending.iter_mut().flatten() {
+                    p.extend(dirty.iter().copied());
+                }
+                fingerprints = now;
+            }
+            phase[2] += t_rebuild.elapsed().as_secs_f64();
             if let Some(p) = self.progress.as_mut() {
                 p(
                     iterations,
@@ -242,10 +289,75 @@ impl Runner {
             classes: g.egraph.number_of_classes(),
             nodes: g.egraph.total_number_of_nodes(),
             seconds: start.elapsed().as_secs_f64(),
+            phase_seconds: phase,
             applications,
             bugs,
         }
     }
+}
+
+/// How far below its matched e-node a local rule looks (e-node → child class → its e-nodes →
+/// …). A change deeper than this cannot change what the rule proposes.
+const LOCAL_RULE_DEPTH: usize = 2;
+
+fn index_parallel_reductions(g: &mut TypedEGraph, classes: &[Id]) {
+    let mut index = Vec::new();
+    for &c in classes {
+        for n in &g.egraph[c].nodes {
+            if let crate::egraph::Op::ReduceParallel {
+                axis,
+                reducer: crate::ir::ReducerRef::Builtin(r),
+            } = &n.op
+            {
+                index.push((c, n.children[0], axis.clone(), *r));
+            }
+        }
+    }
+    g.egraph.analysis.parallel_reductions = index;
+}
+
+/// A fingerprint of each class's canonical e-nodes: it changes when the class gains e-nodes,
+/// is merged, or a child class is merged (children are canonical after a rebuild).
+fn class_fingerprints(g: &TypedEGraph) -> HashMap<Id, u64> {
+    g.egraph
+        .classes()
+        .map(|c| {
+            let mut nodes: Vec<&ENode> = c.nodes.iter().collect();
+            nodes.sort();
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            nodes.hash(&mut h);
+            (c.id, h.finish())
+        })
+        .collect()
+}
+
+/// Classes that changed between two fingerprints, and their ancestors up to `depth` levels:
+/// exactly the classes where a local rule could now match differently.
+fn dirty_neighbourhood(
+    g: &TypedEGraph,
+    before: &HashMap<Id, u64>,
+    after: &HashMap<Id, u64>,
+    depth: usize,
+) -> HashSet<Id> {
+    let mut dirty: HashSet<Id> = after
+        .iter()
+        .filter(|(id, h)| before.get(id) != Some(h))
+        .map(|(id, _)| *id)
+        .collect();
+    let mut frontier: Vec<Id> = dirty.iter().copied().collect();
+    for _ in 0..depth {
+        let mut next = Vec::new();
+        for c in frontier {
+            for p in g.egraph[c].parents() {
+                let p = g.egraph.find(p);
+                if dirty.insert(p) {
+                    next.push(p);
+                }
+            }
+        }
+        frontier = next;
+    }
+    dirty
 }
 
 /// Adds a term bottom-up, checking each new e-node's type with the verifier's rules.

@@ -37,6 +37,12 @@ pub fn saturate_info() -> PassInfo {
             help: "`simple` runs every rule every iteration; `backoff` bans rules that propose too many terms (egg's BackoffScheduler)",
         },
         OptionInfo {
+            name: "search",
+            kind: OptionKind::Choice(&["incremental", "full"]),
+            default: "incremental",
+            help: "`incremental` revisits only e-classes whose neighbourhood changed (same result, faster); `full` searches every e-node every iteration",
+        },
+        OptionInfo {
             name: "dot",
             kind: OptionKind::Path,
             default: "",
@@ -67,6 +73,7 @@ pub fn saturate_info() -> PassInfo {
 struct SaturatePass {
     scheduler: crate::egraph::runner::Scheduler,
     dot: Option<String>,
+    incremental: bool,
     node_limit: usize,
     iter_limit: usize,
     time_limit: f64,
@@ -84,6 +91,7 @@ impl SaturatePass {
             } else {
                 crate::egraph::runner::Scheduler::Simple
             },
+            incremental: opts.get(info, "search") == "incremental",
             dot: Some(opts.get(info, "dot").to_string()).filter(|s| !s.is_empty()),
             node_limit: opts.get(info, "node-limit").parse().unwrap_or(20_000),
             iter_limit: opts.get(info, "iter-limit").parse().unwrap_or(30),
@@ -134,7 +142,8 @@ impl Pass for SaturatePass {
                 .with_iter_limit(self.iter_limit)
                 .with_time_limit(Duration::from_secs_f64(self.time_limit))
                 .with_families(self.families.clone())
-                .with_scheduler(self.scheduler);
+                .with_scheduler(self.scheduler)
+                .with_incremental_search(self.incremental);
             if show_progress {
                 runner.progress = Some(Box::new(move |it, classes, nodes, secs| {
                     if secs > 1.0 {

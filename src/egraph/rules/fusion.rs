@@ -114,23 +114,30 @@ fn builtin_parallel(n: &ENode) -> Option<(&String, BuiltinReducer)> {
     }
 }
 
-/// Whether some term of class `from` uses class `target` (downward reachability).
-fn reaches(eg: &EGraph, from: Id, target: Id) -> bool {
-    let target = eg.find(target);
+/// Every class some term of `from` uses, `from` included (downward reachability).
+fn descendants(eg: &EGraph, from: Id) -> HashSet<Id> {
     let mut seen = HashSet::new();
     let mut stack = vec![eg.find(from)];
     while let Some(c) = stack.pop() {
-        if c == target {
-            return true;
-        }
-        if !seen.insert(c) {
-            continue;
-        }
-        for n in &eg[c].nodes {
-            stack.extend(n.children.iter().map(|k| eg.find(*k)));
+        if seen.insert(c) {
+            for n in &eg[c].nodes {
+                stack.extend(n.children.iter().map(|k| eg.find(*k)));
+            }
         }
     }
-    false
+    seen
+}
+
+/// Every class with a term that uses `of`, `of` included (upward reachability).
+fn ancestors(eg: &EGraph, of: Id) -> HashSet<Id> {
+    let mut seen = HashSet::new();
+    let mut stack = vec![eg.find(of)];
+    while let Some(c) = stack.pop() {
+        if seen.insert(c) {
+            stack.extend(eg[c].parents().map(|p| eg.find(p)));
+        }
+    }
+    seen
 }
 
 fn product_fusion(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
@@ -139,39 +146,66 @@ fn product_fusion(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
     };
     let x = n.children[0];
     let Some(tx) = tensor_type(eg, x) else { return };
+    // The product reducer's identities are f32 literals, so its states are f32: only
+    // reductions that already produce f32 keep their type when fused.
+    if tx.dtype != crate::ir::DType::F32 {
+        return;
+    }
+    // Partners on either side of `class`, so that a pair is found when either reduction is
+    // new (the runner revisits only changed classes); the pair is always built in class order.
+    let class = eg.find(class);
+    // Same domain: same axis and the same tiling of the other axes.
+    let mut candidates: Vec<(Id, Id, BuiltinReducer)> = eg
+        .analysis
+        .parallel_reductions
+        .iter()
+        .filter(|(c, y, axis2, _)| {
+            *c != class
+                && axis2 == axis
+                && tensor_type(eg, *y).is_some_and(|ty| ty.par == tx.par && ty.dtype == tx.dtype)
+        })
+        .map(|(c, y, _, rb)| (*c, *y, *rb))
+        .collect();
+    if candidates.is_empty() {
+        return;
+    }
+    candidates.sort_by_key(|c| c.0);
+    // Independent: neither input uses the other's result. One partner node per class.
+    let (used_by_x, users_of_class) = (descendants(eg, x), ancestors(eg, class));
     let mut partners: Vec<(Id, Id, BuiltinReducer)> = Vec::new();
-    for c in eg.classes() {
-        if c.id <= class {
-            continue;
-        }
-        for m in &c.nodes {
-            let Some((axis2, rb)) = builtin_parallel(m) else {
-                continue;
-            };
-            let y = m.children[0];
-            // Same domain: same axis and the same tiling of the other axes; independent:
-            // neither input uses the other's result.
-            let same_domain =
-                axis2 == axis && tensor_type(eg, y).is_some_and(|ty| ty.par == tx.par);
-            if same_domain && !reaches(eg, y, class) && !reaches(eg, x, c.id) {
-                partners.push((c.id, y, rb));
-                break;
-            }
+    for (c, y, rb) in candidates {
+        let independent = !users_of_class.contains(&eg.find(y)) && !used_by_x.contains(&c);
+        if independent && partners.last().is_none_or(|p| p.0 != c) {
+            partners.push((c, y, rb));
         }
     }
-    for (other, y, rb) in partners.into_iter().take(4) {
-        let def = product_reducer(&[ra, rb]);
-        let fused = node(
-            Op::ReduceParallel {
-                axis: axis.clone(),
-                reducer: ReducerRef::User(def.name.clone()),
-            },
-            vec![node(Op::Tuple, vec![cls(x), cls(y)])],
-        );
-        out.push(node(Op::Get(0), vec![fused.clone()]));
-        out.equal(other, node(Op::Get(1), vec![fused]));
-        out.reducers.push(def);
+    let (below, above): (Vec<_>, Vec<_>) = partners.into_iter().partition(|p| p.0 < class);
+    for (other, y, rb) in above {
+        fuse_pair(axis, (class, x, ra), (other, y, rb), out);
     }
+    for (other, y, rb) in below {
+        fuse_pair(axis, (other, y, rb), (class, x, ra), out);
+    }
+}
+
+/// `⟨reduce_ρa x, reduce_ρb y⟩ = reduce_{ρa×ρb} ⟨x, y⟩`, for reductions in classes `a` < `b`.
+fn fuse_pair(
+    axis: &str,
+    (a, x, ra): (Id, Id, BuiltinReducer),
+    (b, y, rb): (Id, Id, BuiltinReducer),
+    out: &mut Out,
+) {
+    let def = product_reducer(&[ra, rb]);
+    let fused = node(
+        Op::ReduceParallel {
+            axis: axis.to_string(),
+            reducer: ReducerRef::User(def.name.clone()),
+        },
+        vec![node(Op::Tuple, vec![cls(x), cls(y)])],
+    );
+    out.equal(a, node(Op::Get(0), vec![fused.clone()]));
+    out.equal(b, node(Op::Get(1), vec![fused]));
+    out.reducers.push(def);
 }
 
 // ---- repair fusion ----

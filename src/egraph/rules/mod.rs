@@ -95,6 +95,16 @@ pub struct Rule {
     pub find: Finder,
 }
 
+impl Rule {
+    /// Repair fusion follows a consumer's contribution to any depth and pairs it with a
+    /// producer anywhere, so it searches every e-node each iteration. Every other rule looks
+    /// at most one level below the e-node it matches (product fusion pairs its reduction
+    /// with partners anywhere, but is visited again whenever either side changes).
+    pub fn searches_globally(&self) -> bool {
+        self.name == "repair-fusion"
+    }
+}
+
 /// Every rule, grouped by family.
 pub fn all_rules() -> Vec<&'static Rule> {
     let mut v: Vec<&'static Rule> = Vec::new();
