@@ -6,6 +6,7 @@
 //! - [`rules`]: the rules, one module per family, each rule a named, documented function;
 //! - [`runner`]: equality saturation with limits and a typed stop reason.
 
+pub mod extract;
 pub mod graph;
 pub mod lang;
 pub mod rules;

@@ -64,6 +64,12 @@ pub fn check_info() -> PassInfo {
             help: "reference program file (default: the program the pipeline started from)",
         },
         OptionInfo {
+            name: "sample",
+            kind: OptionKind::Int,
+            default: "0",
+            help: "check a fixed-seed sample of this many functions when there are more (0: check all)",
+        },
+        OptionInfo {
             name: "tol",
             kind: OptionKind::Float,
             default: "0.01",
@@ -88,6 +94,7 @@ pub fn check_info() -> PassInfo {
                 settings: Settings::from(info, opts),
                 against: Some(opts.get(info, "against").to_string()).filter(|s| !s.is_empty()),
                 tol: opts.get(info, "tol").parse().unwrap_or(0.01),
+                sample: opts.get(info, "sample").parse().unwrap_or(0),
             })
         },
     }
@@ -205,6 +212,7 @@ impl Pass for InterpretPass {
 
 struct CheckPass {
     settings: Settings,
+    sample: usize,
     against: Option<String>,
     tol: f64,
 }
@@ -263,7 +271,23 @@ impl Pass for CheckPass {
         let mut worst = 0.0f64;
         let mut errors = Vec::new();
         let mut reports = Vec::new();
-        for f in &module.funcs {
+        // A fixed-seed sample when asked for: a partial Fisher–Yates shuffle (splitmix64).
+        let mut chosen: Vec<usize> = (0..module.funcs.len()).collect();
+        if self.sample > 0 && chosen.len() > self.sample {
+            let mut state = seed ^ 0x5eed;
+            for i in 0..self.sample {
+                state = state.wrapping_add(0x9e3779b97f4a7c15);
+                let mut z = state;
+                z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
+                z ^= z >> 31;
+                let j = i + (z % (chosen.len() - i) as u64) as usize;
+                chosen.swap(i, j);
+            }
+            chosen.truncate(self.sample);
+            chosen.sort();
+        }
+        for f in chosen.iter().map(|i| &module.funcs[*i]) {
             let Some(r) = find_reference(reference, f) else {
                 errors.push(
                     Diagnostic::error(
@@ -313,7 +337,7 @@ impl Pass for CheckPass {
         }
         cx.report.extend(reports);
         cx.counters
-            .insert("functions_checked".into(), module.funcs.len().into());
+            .insert("functions_checked".into(), chosen.len().into());
         cx.counters.insert("max_relative_l2".into(), worst.into());
         if errors.is_empty() {
             Ok(())

@@ -3,6 +3,7 @@
 
 pub mod check;
 pub mod contains;
+pub mod extract;
 pub mod saturate;
 pub mod typing;
 pub mod verify;
@@ -155,6 +156,7 @@ pub fn registry() -> Vec<PassInfo> {
         check::interpret_info(),
         check::check_info(),
         saturate::saturate_info(),
+        extract::extract_info(),
         contains::info(),
     ]
 }

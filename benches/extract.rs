@@ -1,0 +1,90 @@
+//! Extraction cost in the three compaction modes on every workload of
+//! ../shared/design/workloads.md at B = 16: expanded partial programs, complete candidates,
+//! distinct candidates and time, with a time limit per run (EFOPT_EXTRACT_SECS, default 10).
+//! Run with `cargo bench --bench extract`. The paper reports 128–2,465× fewer expanded states
+//! with early compaction than with compaction after completion, and the same distinct count.
+
+use efopt::egraph::extract::{Compaction, ExtractGraph, Extractor};
+use efopt::egraph::rules::all_rules;
+use efopt::egraph::runner::Runner;
+use efopt::egraph::TypedEGraph;
+use std::path::Path;
+use std::time::Duration;
+
+const WORKLOADS: &[(&str, &str)] = &[
+    // file, paper extraction seconds (B = 16)
+    ("ngpt", "1.30"),
+    ("rmsnorm_mlp", "4.34"),
+    ("rmsnorm_swiglu", "21.37"),
+    ("gated_mlp", "0.91"),
+    ("rmsnorm_gemm", "0.51"),
+    ("lora", "4.06"),
+    ("layernorm_gemm", "117.4"),
+    ("mha_decode", "272.4"),
+    ("mha_prefill", "910.7"),
+];
+
+fn main() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let secs: f64 = std::env::var("EFOPT_EXTRACT_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10.0);
+    println!(
+        "{:<16} {:<6} {:>10} {:>9} {:>9} {:>9}  {:<26} {:>9}",
+        "workload", "mode", "expanded", "complete", "distinct", "time (s)", "stop", "paper (s)"
+    );
+    for (name, paper) in WORKLOADS {
+        let path = root.join("examples").join(format!("{name}.ef"));
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            println!("{name:<16} missing");
+            continue;
+        };
+        let Ok(mut m) = efopt::parse::parse_module(&text, 0) else {
+            println!("{name:<16} does not parse");
+            continue;
+        };
+        if efopt::passes::verify::verify_module(&mut m).is_err() {
+            println!("{name:<16} does not verify");
+            continue;
+        }
+        let Ok(mut g) = TypedEGraph::from_function(&m.funcs[0], &m.reducers) else {
+            continue;
+        };
+        Runner::default().run(&mut g, &all_rules());
+        let x = match ExtractGraph::new(&g) {
+            Ok(x) => x,
+            Err(e) => {
+                println!("{name:<16} {e}");
+                continue;
+            }
+        };
+        let mut expanded = Vec::new();
+        for mode in [Compaction::None, Compaction::After, Compaction::Early] {
+            let r = Extractor::default()
+                .with_compaction(mode)
+                .with_max_candidates(usize::MAX)
+                .with_time_limit(Duration::from_secs_f64(secs))
+                .run(&x);
+            expanded.push(r.expanded);
+            println!(
+                "{:<16} {:<6} {:>10} {:>9} {:>9} {:>9.2}  {:<26} {:>9}",
+                name,
+                format!("{mode:?}").to_lowercase(),
+                r.expanded,
+                r.complete,
+                r.distinct,
+                r.seconds,
+                r.stop.to_string(),
+                if mode == Compaction::Early { paper } else { "" }
+            );
+        }
+        if expanded[2] > 0 {
+            println!(
+                "{:<16} after/early expanded states: {:.1}×",
+                name,
+                expanded[1] as f64 / expanded[2] as f64
+            );
+        }
+    }
+}

@@ -1,0 +1,156 @@
+//! `extract` enumerates the candidate programs of every e-graph in the module (paper §5.1,
+//! Algorithm 1) and replaces the module's e-graphs with them: functions `name.c0`, `name.c1`,
+//! …, each preceded by a summary comment. A module with functions and no e-graphs is extracted
+//! from its unsaturated e-graphs.
+
+use super::{OptionInfo, OptionKind, Pass, PassContext, PassInfo};
+use crate::diag::{Diagnostic, Severity};
+use crate::egraph::extract::{reconstruct, summarize, Compaction, ExtractGraph, Extractor};
+use crate::egraph::TypedEGraph;
+use crate::ir::Module;
+use std::time::Duration;
+
+pub fn extract_info() -> PassInfo {
+    const OPTIONS: &[OptionInfo] = &[
+        OptionInfo {
+            name: "compaction",
+            kind: OptionKind::Choice(&["early", "after", "none"]),
+            default: "early",
+            help: "`early` prunes equivalent partial programs before expanding them (Algorithm 1); `after` constructs every candidate and keeps one per class; `none` outputs every candidate",
+        },
+        OptionInfo {
+            name: "max-candidates",
+            kind: OptionKind::Int,
+            default: "1000",
+            help: "stop after outputting this many candidates per e-graph",
+        },
+        OptionInfo {
+            name: "time-limit",
+            kind: OptionKind::Float,
+            default: "60",
+            help: "stop enumerating an e-graph after this many seconds",
+        },
+    ];
+    PassInfo {
+        name: "extract",
+        summary: "Enumerate the candidate programs of each e-graph (one per class of equivalent programs) as functions name.c0, name.c1, …",
+        options: OPTIONS,
+        create: |info, opts| {
+            Box::new(ExtractPass {
+                compaction: Compaction::parse(opts.get(info, "compaction"))
+                    .unwrap_or(Compaction::Early),
+                max_candidates: opts.get(info, "max-candidates").parse().unwrap_or(1000),
+                time_limit: opts.get(info, "time-limit").parse().unwrap_or(60.0),
+            })
+        },
+    }
+}
+
+struct ExtractPass {
+    compaction: Compaction,
+    max_candidates: usize,
+    time_limit: f64,
+}
+
+impl Pass for ExtractPass {
+    fn name(&self) -> &'static str {
+        "extract"
+    }
+
+    fn run(&mut self, module: &mut Module, cx: &mut PassContext) -> Result<(), Vec<Diagnostic>> {
+        let mut graphs = Vec::new();
+        for d in &module.egraphs {
+            let g = TypedEGraph::from_dump(d, &module.reducers).map_err(|e| {
+                vec![Diagnostic::error(
+                    d.name_span,
+                    format!("cannot rebuild the e-graph: {e}"),
+                )]
+            })?;
+            graphs.push(g);
+        }
+        if module.egraphs.is_empty() {
+            for f in &module.funcs {
+                let g = TypedEGraph::from_function(f, &module.reducers).map_err(|e| {
+                    vec![Diagnostic::error(
+                        f.name_span,
+                        format!("cannot build the e-graph: {e}"),
+                    )]
+                })?;
+                graphs.push(g);
+            }
+        }
+        let extractor = Extractor::default()
+            .with_compaction(self.compaction)
+            .with_max_candidates(self.max_candidates.max(1))
+            .with_time_limit(Duration::from_secs_f64(self.time_limit.max(0.0)));
+        let mut funcs = Vec::new();
+        let mut per_graph = Vec::new();
+        let mut errors = Vec::new();
+        for g in &graphs {
+            let x = match ExtractGraph::new(g) {
+                Ok(x) => x,
+                Err(e) => {
+                    errors.push(
+                        Diagnostic::error(g.name_span, format!("extract @{}: {e}", g.name))
+                            .with_help("saturate with the refinement rules so that every matmul has a tiled implementation"),
+                    );
+                    continue;
+                }
+            };
+            let report = extractor.run(&x);
+            if report.stop != crate::egraph::extract::ExtractStop::Exhausted {
+                cx.diagnostics.push(Diagnostic::global(
+                    Severity::Remark,
+                    format!("extract @{}: stopped: {}", g.name, report.stop),
+                ));
+            }
+            cx.report.push(format!(
+                "// extract @{}: compaction={}, {} expanded, {} complete, {} distinct, {} output, {} without launch order, {}, {:.3} s",
+                g.name,
+                format!("{:?}", self.compaction).to_lowercase(),
+                report.expanded,
+                report.complete,
+                report.distinct,
+                report.candidates.len(),
+                report.rejected,
+                report.stop,
+                report.seconds
+            ));
+            let total = report.candidates.len();
+            let mut listed = Vec::new();
+            for (i, c) in report.candidates.iter().enumerate() {
+                let name = format!("{}.c{i}", g.name);
+                let mut f = reconstruct(&x, &c.choice, &name);
+                let summary = summarize(&mut f);
+                f.comment = Some(format!("candidate {i} of {total}: {}", summary.line()));
+                listed.push(serde_json::json!({
+                    "name": name,
+                    "kernels": summary.kernels,
+                    "stored": summary.stored,
+                    "parallel_axes": summary.axes,
+                }));
+                funcs.push(f);
+            }
+            per_graph.push(serde_json::json!({
+                "egraph": g.name,
+                "compaction": format!("{:?}", self.compaction).to_lowercase(),
+                "expanded_states": report.expanded,
+                "complete_candidates": report.complete,
+                "rejected_no_launch_order": report.rejected,
+                "distinct_candidates": report.distinct,
+                "output": total,
+                "stop_reason": report.stop.to_string(),
+                "seconds": report.seconds,
+                "candidates": listed,
+            }));
+        }
+        cx.counters
+            .insert("egraphs".into(), serde_json::Value::Array(per_graph));
+        if !errors.is_empty() {
+            return Err(errors);
+        }
+        module.egraphs.clear();
+        module.funcs = funcs;
+        Ok(())
+    }
+}
