@@ -36,12 +36,9 @@ impl Variant {
     }
 }
 
-/// splitmix64, for the random shapes.
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e3779b97f4a7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
-    z ^ (z >> 31)
+/// A seeded draw, for the random shapes.
+fn mix(seed: u64) -> u64 {
+    efopt::interp::Rng::new(seed).next_u64()
 }
 
 /// The program at `path` sized by `variant`; `None` when a random shape does not verify (e.g.

@@ -613,7 +613,7 @@ impl Extractor {
         let mut taken = 0usize;
         while let Some(s) = worklist.pop() {
             taken += 1;
-            if taken % 256 == 0 && start.elapsed() > self.time_limit {
+            if (taken == 1 || taken % 256 == 0) && start.elapsed() > self.time_limit {
                 stop = ExtractStop::TimeLimit(self.time_limit.as_secs_f64());
                 break;
             }

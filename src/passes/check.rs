@@ -271,17 +271,12 @@ impl Pass for CheckPass {
         let mut worst = 0.0f64;
         let mut errors = Vec::new();
         let mut reports = Vec::new();
-        // A fixed-seed sample when asked for: a partial Fisher–Yates shuffle (splitmix64).
+        // A fixed-seed sample when asked for: a partial Fisher–Yates shuffle.
         let mut chosen: Vec<usize> = (0..module.funcs.len()).collect();
         if self.sample > 0 && chosen.len() > self.sample {
-            let mut state = seed ^ 0x5eed;
+            let mut rng = crate::interp::Rng::new(seed ^ 0x5eed);
             for i in 0..self.sample {
-                state = state.wrapping_add(0x9e3779b97f4a7c15);
-                let mut z = state;
-                z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
-                z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
-                z ^= z >> 31;
-                let j = i + (z % (chosen.len() - i) as u64) as usize;
+                let j = i + rng.below((chosen.len() - i) as u64) as usize;
                 chosen.swap(i, j);
             }
             chosen.truncate(self.sample);

@@ -6,7 +6,6 @@
 use super::{OptionInfo, OptionKind, Pass, PassContext, PassInfo};
 use crate::diag::{Diagnostic, Severity};
 use crate::egraph::extract::{reconstruct, summarize, Compaction, ExtractGraph, Extractor};
-use crate::egraph::TypedEGraph;
 use crate::ir::Module;
 use std::time::Duration;
 
@@ -58,27 +57,8 @@ impl Pass for ExtractPass {
     }
 
     fn run(&mut self, module: &mut Module, cx: &mut PassContext) -> Result<(), Vec<Diagnostic>> {
-        let mut graphs = Vec::new();
-        for d in &module.egraphs {
-            let g = TypedEGraph::from_dump(d, &module.reducers).map_err(|e| {
-                vec![Diagnostic::error(
-                    d.name_span,
-                    format!("cannot rebuild the e-graph: {e}"),
-                )]
-            })?;
-            graphs.push(g);
-        }
-        if module.egraphs.is_empty() {
-            for f in &module.funcs {
-                let g = TypedEGraph::from_function(f, &module.reducers).map_err(|e| {
-                    vec![Diagnostic::error(
-                        f.name_span,
-                        format!("cannot build the e-graph: {e}"),
-                    )]
-                })?;
-                graphs.push(g);
-            }
-        }
+        // The module's e-graph dumps; a module without any is extracted from its functions.
+        let graphs = super::saturate::module_egraphs(module, module.egraphs.is_empty())?;
         let extractor = Extractor::default()
             .with_compaction(self.compaction)
             .with_max_candidates(self.max_candidates.max(1))

@@ -111,25 +111,7 @@ impl Pass for SaturatePass {
     }
 
     fn run(&mut self, module: &mut Module, cx: &mut PassContext) -> Result<(), Vec<Diagnostic>> {
-        let mut graphs = Vec::new();
-        for f in &module.funcs {
-            let g = TypedEGraph::from_function(f, &module.reducers).map_err(|e| {
-                vec![Diagnostic::error(
-                    f.name_span,
-                    format!("cannot build the e-graph: {e}"),
-                )]
-            })?;
-            graphs.push(g);
-        }
-        for d in &module.egraphs {
-            let g = TypedEGraph::from_dump(d, &module.reducers).map_err(|e| {
-                vec![Diagnostic::error(
-                    d.name_span,
-                    format!("cannot rebuild the e-graph: {e}"),
-                )]
-            })?;
-            graphs.push(g);
-        }
+        let graphs = module_egraphs(module, true)?;
         let rules = all_rules();
         let mut dumps: Vec<EGraphDump> = Vec::new();
         let mut per_graph = Vec::new();
@@ -216,6 +198,36 @@ impl Pass for SaturatePass {
         module.egraphs = dumps;
         Ok(())
     }
+}
+
+/// The e-graphs of a module: its dumps, and (with `functions`) its functions' unsaturated
+/// e-graphs, functions first. Shared by the passes that work on e-graphs.
+pub fn module_egraphs(
+    module: &Module,
+    functions: bool,
+) -> Result<Vec<TypedEGraph>, Vec<Diagnostic>> {
+    let mut graphs = Vec::new();
+    if functions {
+        for f in &module.funcs {
+            let g = TypedEGraph::from_function(f, &module.reducers).map_err(|e| {
+                vec![Diagnostic::error(
+                    f.name_span,
+                    format!("cannot build the e-graph: {e}"),
+                )]
+            })?;
+            graphs.push(g);
+        }
+    }
+    for d in &module.egraphs {
+        let g = TypedEGraph::from_dump(d, &module.reducers).map_err(|e| {
+            vec![Diagnostic::error(
+                d.name_span,
+                format!("cannot rebuild the e-graph: {e}"),
+            )]
+        })?;
+        graphs.push(g);
+    }
+    Ok(graphs)
 }
 
 /// Graphviz: one dotted cluster per e-class holding its e-nodes; edges go from an e-node to
