@@ -11,18 +11,22 @@
 //! views (`partition`/`replicate`) or a result's `combination`s are written, are one class.
 //! Matmul structure, reduction organisation and intermediate storage stay distinct. Each
 //! partial program has a canonical form — holes named by their e-class, commutative operands
-//! sorted, view chains as sorted sets — interned exactly (no hashing shortcuts), so two
-//! partial programs are ≈ₚ when their canonical forms are equal.
+//! sorted, view chains as sorted sets — interned exactly (no hashing shortcuts). Two partial
+//! programs are ≈ₚ when their canonical forms are equal and so are their hole contexts (the
+//! picks a hole can still reach; see `hole_context`): then they allow the same completions.
 //!
 //! Three modes, as in the paper's ablation: `None` outputs every complete candidate; `After`
 //! constructs every candidate and keeps one per class; `Early` (Algorithm 1) prunes a partial
-//! program before expanding it when an equal canonical form was seen.
+//! program before expanding it when a ≈ₚ one was taken. The worklist is cheapest-first by an
+//! estimate of the work a program does (`node_cost`), so limits stop after the fused
+//! candidates; `max_kernels` prunes by a kernel lower bound.
 
 use super::graph::TypedEGraph;
 use super::lang::{ENode, Op};
 use crate::ir::{BinaryOp, Body, ExprKind, Function, Node, NodeId, Type};
 use egg::Id;
-use std::collections::{HashMap, HashSet};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -70,6 +74,8 @@ const NONE: u32 = u32::MAX;
 #[derive(Clone, Debug)]
 pub struct Candidate {
     pub choice: Choice,
+    /// Estimated work (the exploration order's cost model), each picked e-node counted once.
+    pub cost: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -81,6 +87,8 @@ pub struct ExtractReport {
     pub complete: usize,
     /// Complete programs rejected for having no kernel launch order.
     pub rejected: usize,
+    /// Partial or complete programs pruned for needing more than `max_kernels` kernels.
+    pub over_kernels: usize,
     /// Distinct candidates (classes of ≈) among the complete ones.
     pub distinct: usize,
     pub seconds: f64,
@@ -97,9 +105,18 @@ pub struct ExtractGraph<'a> {
     /// Valid e-nodes per class: (e-node, children as dense indices).
     pub nodes: Vec<Vec<(ENode, Vec<u32>)>>,
     pub roots: Vec<u32>,
-    /// Valid single-operand e-nodes by (operator, operand class) → their class, to find the
-    /// canonically ordered variant of a view chain.
-    unary_index: HashMap<(Op, u32), u32>,
+    /// Classes reachable from each class through valid e-nodes (itself included), as bitsets.
+    reach: Vec<Vec<u64>>,
+    /// Cheapest tree cost per class, and per valid e-node (its own cost plus its children's
+    /// cheapest): the search's priority.
+    best: Vec<u64>,
+    /// Classes whose value is known at compile time (built from fill/constant/iota only).
+    constant: Vec<bool>,
+    /// Classes holding an input.
+    input: Vec<bool>,
+    /// Each valid e-node's own cost, its children not included (except the recomputation a
+    /// replica of a computed tile implies, estimated from the child's cheapest cost).
+    pick_cost: Vec<Vec<u64>>,
 }
 
 impl<'a> ExtractGraph<'a> {
@@ -162,24 +179,65 @@ impl<'a> ExtractGraph<'a> {
             ns.retain(|(_, k)| k.iter().all(|k| finite[*k as usize]));
         }
         // Exploration order (it decides which candidates come first when a limit stops the
-        // search, never which exist): cheapest tree cost first, counting a tensor-level
-        // operator (its own kernel) and a store as expensive.
-        let cost = |n: &ENode, c: usize| -> f64 {
-            let untiled = !tiled(eg[ids[c]].data.as_ref());
-            match &n.op {
-                Op::Combination(..) | Op::Collection(_) => 20.0,
-                op if untiled && is_compute(op) => 100.0,
-                _ => 1.0,
+        // search, never which exist): cheapest first by an estimate of the work a candidate
+        // does (see `node_cost`).
+        // Constant classes (computable from fill/constant/iota alone) cost nothing at run time.
+        let mut constant = vec![false; ids.len()];
+        loop {
+            let mut changed = false;
+            for (c, ns) in nodes.iter().enumerate() {
+                if constant[c] || tiled(eg[ids[c]].data.as_ref()) {
+                    continue;
+                }
+                let folds = ns.iter().any(|(n, kids)| {
+                    !matches!(n.op, Op::Input(..))
+                        && (!is_compute(&n.op) || !kids.is_empty())
+                        && !is_view(&n.op)
+                        && !matches!(n.op, Op::Combination(..) | Op::Collection(_))
+                        && kids.iter().all(|k| constant[*k as usize])
+                });
+                if folds {
+                    constant[c] = true;
+                    changed = true;
+                }
+            }
+            if !changed {
+                break;
+            }
+        }
+        let cost = |n: &ENode, c: usize| -> u64 {
+            if constant[c]
+                && n.children
+                    .iter()
+                    .all(|k| constant[index[&eg.find(*k)] as usize])
+            {
+                return 1;
+            }
+            let ty = |id: Id| eg[eg.find(id)].data.as_ref();
+            let operands: Vec<Option<&Type>> = n.children.iter().map(|k| ty(*k)).collect();
+            node_cost(&n.op, eg[ids[c]].data.as_ref(), &operands, &g.bindings)
+        };
+        let mut best = vec![u64::MAX; ids.len()];
+        // A replica of a computed tile is computed once per coordinate of the new axis.
+        let replicas = |n: &ENode| -> u64 {
+            match (&n.op, n.children.as_slice()) {
+                (Op::Replicate(_), [k]) if tiled(eg[eg.find(*k)].data.as_ref()) => {
+                    AXIS_COUNT as u64
+                }
+                _ => 1,
             }
         };
-        let mut best = vec![f64::INFINITY; ids.len()];
+        let total = |n: &ENode, kids: &[u32], c: usize, best: &[u64]| {
+            let widest = kids.iter().map(|k| best[*k as usize]).max().unwrap_or(0);
+            cost(n, c).saturating_add(widest.saturating_mul(replicas(n)))
+        };
         loop {
             let mut changed = false;
             for (c, ns) in nodes.iter().enumerate() {
                 for (n, kids) in ns {
-                    let total = cost(n, c) + kids.iter().map(|k| best[*k as usize]).sum::<f64>();
-                    if total < best[c] {
-                        best[c] = total;
+                    let t = total(n, kids, c, &best);
+                    if t < best[c] {
+                        best[c] = t;
                         changed = true;
                     }
                 }
@@ -189,11 +247,26 @@ impl<'a> ExtractGraph<'a> {
             }
         }
         for (c, ns) in nodes.iter_mut().enumerate() {
-            let total = |(n, kids): &(ENode, Vec<u32>)| {
-                cost(n, c) + kids.iter().map(|k| best[*k as usize]).sum::<f64>()
-            };
-            ns.sort_by(|a, b| total(a).total_cmp(&total(b)).then_with(|| a.0.cmp(&b.0)));
+            ns.sort_by(|a, b| {
+                total(&a.0, &a.1, c, &best)
+                    .cmp(&total(&b.0, &b.1, c, &best))
+                    .then_with(|| a.0.cmp(&b.0))
+            });
         }
+        let pick_cost: Vec<Vec<u64>> = nodes
+            .iter()
+            .enumerate()
+            .map(|(c, ns)| {
+                ns.iter()
+                    .map(|(n, kids)| {
+                        let extra = replicas(n) - 1;
+                        kids.iter().fold(cost(n, c), |t, k| {
+                            t.saturating_add(best[*k as usize].saturating_mul(extra))
+                        })
+                    })
+                    .collect()
+            })
+            .collect();
         let roots: Vec<u32> = g.roots.iter().map(|r| index[&eg.find(*r)]).collect();
         if let Some(r) = roots.iter().find(|r| !finite[**r as usize]) {
             return Err(format!(
@@ -201,20 +274,20 @@ impl<'a> ExtractGraph<'a> {
                 ids[*r as usize]
             ));
         }
-        let mut unary_index = HashMap::new();
-        for (c, ns) in nodes.iter().enumerate() {
-            for (n, kids) in ns {
-                if let [k] = kids.as_slice() {
-                    unary_index.insert((n.op.clone(), *k), c as u32);
-                }
-            }
-        }
+        let reach = reachability(&nodes);
         Ok(ExtractGraph {
             g,
             ids,
+            best,
+            pick_cost,
+            input: nodes
+                .iter()
+                .map(|ns| ns.iter().any(|(n, _)| matches!(n.op, Op::Input(..))))
+                .collect(),
+            constant,
             nodes,
             roots,
-            unary_index,
+            reach,
         })
     }
 
@@ -222,6 +295,142 @@ impl<'a> ExtractGraph<'a> {
         let n = choice[c as usize];
         (n != NONE).then(|| &self.nodes[c as usize][n as usize])
     }
+}
+
+/// Nominal coordinate count of a parallel axis (the real one is a schedule choice).
+const AXIS_COUNT: f64 = 4.0;
+/// Cost of one element moved through global memory, relative to one operation.
+const MEMORY: f64 = 4.0;
+/// Cost of a kernel launch.
+const LAUNCH: f64 = 1.0e4;
+
+fn extent(d: &crate::ir::Dim, bindings: &[crate::ir::Binding]) -> f64 {
+    let base = match &d.base {
+        crate::ir::DimBase::Lit(n) => *n as f64,
+        crate::ir::DimBase::Sym(s) => bindings
+            .iter()
+            .find(|b| &b.name == s)
+            .map_or(64.0, |b| b.value as f64),
+        crate::ir::DimBase::Extent(_) => 64.0,
+    };
+    base / AXIS_COUNT.powi(d.splits.len() as i32)
+}
+
+/// Elements of a value over all its parallel coordinates: its logical size times the count of
+/// every axis that does not partition it (replicas, partial contributions).
+fn volume(t: Option<&Type>, bindings: &[crate::ir::Binding]) -> f64 {
+    match t {
+        Some(Type::Tensor(t)) => {
+            let copies = t
+                .par
+                .0
+                .values()
+                .filter(|k| !matches!(k, crate::ir::ParKind::Partition(_)))
+                .count();
+            t.shape.iter().map(|d| extent(d, bindings)).product::<f64>()
+                * AXIS_COUNT.powi(copies as i32)
+        }
+        Some(Type::Tuple(ts)) => ts.iter().map(|t| volume(Some(t), bindings)).sum(),
+        None => 0.0,
+    }
+}
+
+/// Estimated work of one e-node, for the exploration order only: operations over all parallel
+/// coordinates, elements moved through global memory (loads, stores, and the operands and
+/// result of a tensor-level operator) and a launch per kernel. A `replicate` of a computed
+/// tile costs its volume: every replica recomputes it. Both estimates favour the candidates a
+/// user wants first — fused kernels that compute each value once.
+fn node_cost(
+    op: &Op,
+    ty: Option<&Type>,
+    operands: &[Option<&Type>],
+    bindings: &[crate::ir::Binding],
+) -> u64 {
+    let out = volume(ty, bindings);
+    let widest = operands
+        .iter()
+        .map(|t| volume(*t, bindings))
+        .fold(out, f64::max);
+    let is_tiled = tiled(ty);
+    let from_memory = operands.iter().all(|t| !tiled(*t));
+    // A tensor-level result computed from tiles ends a kernel.
+    let exit = if !is_tiled && !from_memory {
+        LAUNCH
+    } else {
+        0.0
+    };
+    let cost = match op {
+        Op::Input(..) | Op::Constant(..) | Op::Fill(..) | Op::Iota(..) | Op::Tuple | Op::Get(_) => {
+            1.0
+        }
+        // Replicated loads mostly hit in cache: global traffic is the logical size once.
+        Op::Partition(..) | Op::Replicate(_) if from_memory => {
+            let logical = match ty {
+                Some(Type::Tensor(t)) => t.shape.iter().map(|d| extent(d, bindings)).product(),
+                _ => out,
+            };
+            MEMORY * logical + (out - logical).max(0.0)
+        }
+        Op::Partition(..) | Op::Replicate(_) => 1.0,
+        Op::Combination(..) | Op::Collection(_) => MEMORY * out + exit,
+        op if !is_tiled && from_memory && is_compute(op) => {
+            LAUNCH + MEMORY * (out + operands.iter().map(|t| volume(*t, bindings)).sum::<f64>())
+        }
+        Op::TileMatMul(_) => {
+            let contraction = match operands.first() {
+                Some(Some(Type::Tensor(a))) => {
+                    let last = a.shape.len().saturating_sub(1);
+                    let split = a
+                        .par
+                        .0
+                        .values()
+                        .any(|k| *k == crate::ir::ParKind::Partition(last));
+                    a.shape.get(last).map_or(1.0, |d| extent(d, bindings))
+                        / if split { AXIS_COUNT } else { 1.0 }
+                }
+                _ => 1.0,
+            };
+            out * contraction + exit
+        }
+        _ => widest + exit,
+    };
+    cost.clamp(1.0, 1.0e15) as u64
+}
+
+/// Estimated work of a partial program: the pick costs of its reachable resolved classes,
+/// each counted once, plus the cheapest cost of each hole. Exact for complete programs.
+fn estimate(x: &ExtractGraph, choice: &Choice, visited: &[bool], holes: &[u32]) -> u64 {
+    let picked = visited
+        .iter()
+        .enumerate()
+        .filter(|(c, v)| **v && choice[*c] != NONE)
+        .fold(0u64, |t, (c, _)| {
+            t.saturating_add(x.pick_cost[c][choice[c] as usize])
+        });
+    holes
+        .iter()
+        .fold(picked, |t, h| t.saturating_add(x.best[*h as usize]))
+}
+
+/// Transitive closure of the valid-node child relation, one bitset per class.
+fn reachability(nodes: &[Vec<(ENode, Vec<u32>)>]) -> Vec<Vec<u64>> {
+    let n = nodes.len();
+    let words = n.div_ceil(64);
+    let mut reach = vec![vec![0u64; words]; n];
+    for (c, r) in reach.iter_mut().enumerate() {
+        let mut stack = vec![c as u32];
+        while let Some(k) = stack.pop() {
+            let k = k as usize;
+            if r[k / 64] >> (k % 64) & 1 == 1 {
+                continue;
+            }
+            r[k / 64] |= 1 << (k % 64);
+            for (_, kids) in &nodes[k] {
+                stack.extend(kids);
+            }
+        }
+    }
+    reach
 }
 
 /// A canonical term: holes by class, commutative operands sorted, view chains as sets.
@@ -313,7 +522,10 @@ struct Walk<'g, 'a> {
     x: &'g ExtractGraph<'a>,
     choice: &'g Choice,
     memo: Vec<u32>,
+    /// Every class the walk met, chain intermediates included (`memo` skips those).
+    visited: Vec<bool>,
     first_hole: Option<u32>,
+    holes: Vec<u32>,
 }
 
 impl Walk<'_, '_> {
@@ -321,11 +533,13 @@ impl Walk<'_, '_> {
         if self.memo[c as usize] != NONE {
             return self.memo[c as usize];
         }
+        self.visited[c as usize] = true;
         let key = match self.x.op(c, self.choice) {
             None => {
                 if self.first_hole.is_none() {
                     self.first_hole = Some(c);
                 }
+                self.holes.push(c);
                 Key::Hole(c)
             }
             Some((n, kids)) if is_view(&n.op) || matches!(n.op, Op::Combination(..)) => {
@@ -344,6 +558,7 @@ impl Walk<'_, '_> {
                     .op(cur, self.choice)
                     .filter(|(m, _)| same_kind(&m.op))
                 {
+                    self.visited[cur as usize] = true;
                     chain.push(m.op.clone());
                     cur = k[0];
                 }
@@ -412,7 +627,9 @@ pub fn canonical_text(x: &ExtractGraph, choice: &Choice) -> String {
         x,
         choice,
         memo: vec![NONE; x.ids.len()],
+        visited: vec![false; x.ids.len()],
         first_hole: None,
+        holes: Vec::new(),
     };
     let roots: Vec<u32> = x
         .roots
@@ -493,6 +710,70 @@ fn loadable(x: &ExtractGraph, choice: &Choice, mut c: u32) -> Option<bool> {
     }
 }
 
+/// No dead fused results: every component after the first of a tuple-valued reduction (the
+/// results a product or repair fusion added; the first may be a repair's running statistic)
+/// is read by some `get`, or the tuple is used whole. A candidate that fuses a value into a
+/// reduction and then computes it again elsewhere does the work twice; the candidate that
+/// does not fuse it is in the e-graph too.
+fn no_dead_components(x: &ExtractGraph, choice: &Choice) -> bool {
+    let mut needed: HashMap<u32, usize> = HashMap::new();
+    let mut read: HashSet<(u32, usize)> = HashSet::new();
+    let mut whole: HashSet<u32> = HashSet::new();
+    for (c, &n) in choice.iter().enumerate() {
+        if n == NONE {
+            continue;
+        }
+        let (node, kids) = &x.nodes[c][n as usize];
+        match &node.op {
+            Op::ReduceAxis { .. } | Op::ReduceParallel { .. } => {
+                if let Some(Type::Tuple(ts)) = x.g.egraph[x.ids[c]].data.as_ref() {
+                    needed.insert(c as u32, ts.len());
+                }
+            }
+            Op::Get(i) => {
+                read.insert((kids[0], *i));
+            }
+            _ => whole.extend(kids),
+        }
+    }
+    needed
+        .iter()
+        .all(|(c, len)| whole.contains(c) || (1..*len).all(|i| read.contains(&(*c, i))))
+}
+
+/// A lower bound on the kernels of any completion of a partial program: each picked
+/// tensor-level operator on tensor-level operands is a kernel of its own (default tiling), a
+/// tiled region is at least one more, and a computed tensor-level value read by another
+/// operator was written by one kernel and read by another.
+fn kernel_lower_bound(x: &ExtractGraph, choice: &Choice, visited: &[bool]) -> usize {
+    let (mut default_tiled, mut region, mut stored_read) = (0usize, false, false);
+    for (c, v) in visited.iter().enumerate() {
+        if !*v || choice[c] == NONE {
+            continue;
+        }
+        let (node, kids) = &x.nodes[c][choice[c] as usize];
+        let computed = |k: u32| {
+            let k = k as usize;
+            !class_tiled(x, k as u32) && !x.constant[k] && !x.input[k]
+        };
+        if class_tiled(x, c as u32) {
+            region = true;
+        } else if is_compute(&node.op) && !x.constant[c] && kids.iter().all(|k| !class_tiled(x, *k))
+        {
+            default_tiled += 1;
+        }
+        if (is_compute(&node.op) || is_view(&node.op)) && kids.iter().any(|k| computed(*k)) {
+            stored_read = true;
+        }
+    }
+    let lb = default_tiled + usize::from(region);
+    if stored_read {
+        lb.max(2)
+    } else {
+        lb
+    }
+}
+
 /// Lowerability of views: a `partition` slices what it reads from global memory (a kernel
 /// region is entered through loads), so its operand must be a tensor-level value or views of
 /// one — never a tile computed inside a kernel, which no program could slice by its grid
@@ -507,62 +788,25 @@ fn loads_only(x: &ExtractGraph, choice: &Choice) -> bool {
     })
 }
 
-/// Pairs (outer, inner) of single-operand operators that commute within one kernel, with
-/// the canonical order: views and combinations sorted by `view_rank` (inner rank ≤ outer),
-/// and a unary operator inside a combination rather than outside it (on tiled values).
-fn out_of_order(x: &ExtractGraph, outer_class: u32, outer: &Op, inner: &Op) -> bool {
-    let both_views = is_view(outer) && is_view(inner);
-    let both_combos = matches!(outer, Op::Combination(..)) && matches!(inner, Op::Combination(..));
-    if both_views || both_combos {
-        return view_rank(inner) > view_rank(outer);
-    }
-    matches!(outer, Op::Unary(_) | Op::Cast(_))
-        && matches!(inner, Op::Combination(..))
-        && class_tiled(x, outer_class)
-}
-
-/// Whether the outer/inner pair (`outer` in class `p` over class `h` holding `inner` over
-/// `k`) has its swapped order `inner(outer(k))` in class `p` too.
-fn swapped_exists(x: &ExtractGraph, p: u32, outer: &Op, inner: &Op, k: u32) -> bool {
-    x.unary_index
-        .get(&(outer.clone(), k))
-        .and_then(|mid| x.unary_index.get(&(inner.clone(), *mid)))
-        == Some(&p)
-}
-
-/// Early-compaction pruning of the choice just made at `h`: reject it when it writes a pair of
-/// commuting operators out of canonical order and the canonically ordered pair is also in the
-/// e-graph (so every candidate class keeps its canonical representative).
-fn canonical_order(x: &ExtractGraph, choice: &Choice, h: u32) -> bool {
-    let Some((n, kids)) = x.op(h, choice) else {
-        return true;
-    };
-    // `n` as the outer operator.
-    if let [k] = kids.as_slice() {
-        if let Some((m, mk)) = x.op(*k, choice) {
-            if let [mk] = mk.as_slice() {
-                if out_of_order(x, h, &n.op, &m.op) && swapped_exists(x, h, &n.op, &m.op, *mk) {
-                    return false;
-                }
-            }
+/// What a partial program fixes, beyond its canonical form, that can still change how its
+/// holes are completed: the picks of resolved classes that some hole reaches and that had a
+/// choice (more than one valid e-node). A completion only ever meets classes reachable from the
+/// holes, so two partial programs with equal forms and equal contexts allow the same
+/// completions and complete to the same ≈-classes: Algorithm 1 prunes the second (≈ₚ).
+/// Classes no hole reaches, such as the intermediate class of a view chain written in another
+/// order, are left out; that is what lets differently written partial programs meet.
+fn hole_context(x: &ExtractGraph, s: &Choice, holes: &[u32]) -> Vec<u64> {
+    let mut reach = vec![0u64; x.ids.len().div_ceil(64)];
+    for h in holes {
+        for (r, w) in reach.iter_mut().zip(&x.reach[*h as usize]) {
+            *r |= w;
         }
     }
-    // `n` as the inner operator of an already chosen outer one.
-    if let [k] = kids.as_slice() {
-        for (p, &pn) in choice.iter().enumerate() {
-            if pn == NONE {
-                continue;
-            }
-            let (o, ok) = &x.nodes[p][pn as usize];
-            if ok.as_slice() == [h]
-                && out_of_order(x, p as u32, &o.op, &n.op)
-                && swapped_exists(x, p as u32, &o.op, &n.op, *k)
-            {
-                return false;
-            }
-        }
-    }
-    true
+    s.iter()
+        .enumerate()
+        .filter(|(c, n)| **n != NONE && x.nodes[*c].len() > 1 && reach[c / 64] >> (c % 64) & 1 == 1)
+        .map(|(c, n)| ((c as u64) << 32) | u64::from(*n))
+        .collect()
 }
 
 /// Builder-style limits, as for saturation.
@@ -570,6 +814,9 @@ pub struct Extractor {
     pub compaction: Compaction,
     pub max_candidates: usize,
     pub time_limit: Duration,
+    /// Only candidates with at most this many kernels; partial programs that must exceed it
+    /// are pruned.
+    pub max_kernels: Option<usize>,
 }
 
 impl Default for Extractor {
@@ -578,6 +825,7 @@ impl Default for Extractor {
             compaction: Compaction::Early,
             max_candidates: 1000,
             time_limit: Duration::from_secs(60),
+            max_kernels: None,
         }
     }
 }
@@ -598,61 +846,105 @@ impl Extractor {
         self
     }
 
-    /// Algorithm 1 (or its ablations): a depth-first worklist of partial programs.
+    pub fn with_max_kernels(mut self, n: Option<usize>) -> Self {
+        self.max_kernels = n;
+        self
+    }
+
+    /// Algorithm 1 (or its ablations). The worklist is ordered cheapest first (estimated
+    /// tree cost of the completed program; the newest first among equals, so the search dives
+    /// to complete programs), which makes the first candidates found under a limit the ones
+    /// with fewest kernels and stores. A partial program is stored as its last pick and a link
+    /// to its parent, so the worklist stays small.
     pub fn run(&self, x: &ExtractGraph) -> ExtractReport {
         let start = Instant::now();
         let classes = x.ids.len();
         let mut interner = Interner::default();
         let mut seen: HashSet<(Vec<u32>, Vec<u64>)> = HashSet::new();
         let mut distinct: HashSet<Vec<u32>> = HashSet::new();
-        let mut worklist: Vec<Choice> = vec![vec![NONE; classes]];
+        // Trail: (parent, class, e-node); entry 0 is the empty program.
+        let mut trail: Vec<(u32, u32, u32)> = vec![(NONE, NONE, NONE)];
+        let mut roots: Vec<u32> = x.roots.clone();
+        roots.sort();
+        roots.dedup();
+        let root_cost = roots
+            .iter()
+            .fold(0u64, |t, r| t.saturating_add(x.best[*r as usize]));
+        let mut worklist: BinaryHeap<(Reverse<u64>, u64, u32)> = BinaryHeap::new();
+        worklist.push((Reverse(root_cost), 0, 0));
+        let mut pushed = 0u64;
+        let mut s: Choice = vec![NONE; classes];
         let mut scratch = vec![false; classes];
         let (mut expanded, mut complete, mut rejected) = (0usize, 0usize, 0usize);
         let mut candidates = Vec::new();
         let mut stop = ExtractStop::Exhausted;
         let mut taken = 0usize;
-        while let Some(s) = worklist.pop() {
+        let mut over_kernels = 0usize;
+        while let Some((_, _, at)) = worklist.pop() {
             taken += 1;
             if (taken == 1 || taken % 256 == 0) && start.elapsed() > self.time_limit {
                 stop = ExtractStop::TimeLimit(self.time_limit.as_secs_f64());
                 break;
             }
+            s.iter_mut().for_each(|n| *n = NONE);
+            let mut link = at;
+            while link != 0 {
+                let (parent, c, n) = trail[link as usize];
+                s[c as usize] = n;
+                link = parent;
+            }
             let mut walk = Walk {
                 x,
                 choice: &s,
                 memo: vec![NONE; classes],
+                visited: vec![false; classes],
                 first_hole: None,
+                holes: Vec::new(),
             };
             let form: Vec<u32> = x
                 .roots
                 .iter()
                 .map(|r| walk.canon(*r, &mut interner))
                 .collect();
-            let hole = walk.first_hole;
-            // ≈ₚ: equal canonical forms over the same resolved classes. (The same form over
-            // different classes — a view chain written in another order passes through other
-            // intermediate classes — could still be completed differently, so it is not
-            // pruned here; its complete candidates meet in `distinct`.)
-            if self.compaction == Compaction::Early {
-                let mut resolved = vec![0u64; classes.div_ceil(64)];
-                for (c, n) in s.iter().enumerate() {
-                    if *n != NONE {
-                        resolved[c / 64] |= 1 << (c % 64);
-                    }
-                }
-                if !seen.insert((form.clone(), resolved)) {
+            let Walk {
+                visited,
+                first_hole: hole,
+                holes,
+                ..
+            } = walk;
+            let cost = estimate(x, &s, &visited, &holes);
+            if let Some(max) = self.max_kernels {
+                if kernel_lower_bound(x, &s, &visited) > max {
+                    over_kernels += 1;
                     continue;
                 }
             }
+            if self.compaction == Compaction::Early {
+                let context = hole_context(x, &s, &holes);
+                if !seen.insert((form.clone(), context)) {
+                    continue; // ≈ₚ a partial program already taken
+                }
+            }
             let Some(h) = hole else {
-                if !summarize(&mut reconstruct(x, &s, "")).launch_order {
+                if !no_dead_components(x, &s) {
+                    continue;
+                }
+                let summary = summarize(&mut reconstruct(x, &s, ""));
+                if !summary.launch_order {
                     rejected += 1;
+                    continue;
+                }
+                if self.max_kernels.is_some_and(|max| summary.kernels > max) {
+                    over_kernels += 1;
                     continue;
                 }
                 complete += 1;
                 let new = distinct.insert(form);
                 if new || self.compaction == Compaction::None {
-                    candidates.push(Candidate { choice: s });
+                    candidates.push(Candidate {
+                        choice: s.clone(),
+                        cost,
+                    });
                     if candidates.len() >= self.max_candidates {
                         stop = ExtractStop::CandidateLimit(self.max_candidates);
                         break;
@@ -661,20 +953,29 @@ impl Extractor {
                 continue;
             };
             expanded += 1;
-            // Children pushed in reverse so the first e-node is explored first.
-            for (i, (_, kids)) in x.nodes[h as usize].iter().enumerate().rev() {
+            for (i, (_, kids)) in x.nodes[h as usize].iter().enumerate() {
                 if reaches(x, &s, kids, h, &mut scratch) {
                     continue; // would close a cycle
                 }
-                let mut t = s.clone();
-                t[h as usize] = i as u32;
-                if !loads_only(x, &t) {
+                s[h as usize] = i as u32;
+                let lowerable = loads_only(x, &s);
+                s[h as usize] = NONE;
+                if !lowerable {
                     continue;
                 }
-                if self.compaction == Compaction::Early && !canonical_order(x, &t, h) {
-                    continue; // an equivalent, canonically ordered choice exists
+                // The child's estimate: this pick instead of the hole's cheapest cost, plus
+                // the cheapest cost of each child class that becomes a new hole.
+                let mut child = cost - x.best[h as usize].min(cost);
+                child = child.saturating_add(x.pick_cost[h as usize][i]);
+                for (j, k) in kids.iter().enumerate() {
+                    let fresh = !visited[*k as usize] && *k != h && !kids[..j].contains(k);
+                    if fresh {
+                        child = child.saturating_add(x.best[*k as usize]);
+                    }
                 }
-                worklist.push(t);
+                trail.push((at, h, i as u32));
+                pushed += 1;
+                worklist.push((Reverse(child), pushed, (trail.len() - 1) as u32));
             }
         }
         ExtractReport {
@@ -682,6 +983,7 @@ impl Extractor {
             expanded,
             complete,
             rejected,
+            over_kernels,
             distinct: distinct.len(),
             seconds: start.elapsed().as_secs_f64(),
             candidates,
@@ -863,15 +1165,46 @@ pub fn summarize(f: &mut Function) -> Summary {
                 .iter()
                 .any(|o| tiled(nodes[o.index()].ty.as_ref()))
     };
+    // Loads (views of a tensor-level value) are re-issued by every kernel that reads them: a
+    // shared load does not join two kernels. Each maps to the tensor-level value it reads.
+    // (Nodes are in operand-first order.)
+    let mut load_base: Vec<Option<usize>> = vec![None; n];
+    for (i, node) in nodes.iter().enumerate() {
+        if let ExprKind::Partition(..) | ExprKind::Replicate(..) = node.kind {
+            if let [o] = node.kind.operands().as_slice() {
+                let o = o.index();
+                load_base[i] = if tiled(nodes[o].ty.as_ref()) {
+                    load_base[o]
+                } else {
+                    Some(o)
+                };
+            }
+        }
+    }
+    // Constant expressions (tensor-level values computed from `fill`/`constant`/`iota` only,
+    // such as a count `reduce ones axis=H`) are folded at compile time: no kernel computes or
+    // stores them.
+    let mut constant = vec![false; n];
+    for (i, node) in nodes.iter().enumerate() {
+        constant[i] = match node.kind {
+            ExprKind::Input => false,
+            ref k if is_leaf_kind(k) => true,
+            ref k => {
+                !tiled(node.ty.as_ref())
+                    && !k.operands().is_empty()
+                    && k.operands().iter().all(|o| constant[o.index()])
+            }
+        };
+    }
     let mut regions = vec![false; n];
     for (i, node) in nodes.iter().enumerate() {
-        if is_leaf_kind(&node.kind) {
+        if is_leaf_kind(&node.kind) || constant[i] || load_base[i].is_some() {
             continue;
         }
         regions[i] = in_region(i);
         if regions[i] {
             for o in node.kind.operands() {
-                if tiled(nodes[o.index()].ty.as_ref()) {
+                if load_base[o.index()].is_none() && tiled(nodes[o.index()].ty.as_ref()) {
                     let (a, b) = (find(&mut parent, i), find(&mut parent, o.index()));
                     parent[a] = b;
                 }
@@ -883,7 +1216,7 @@ pub fn summarize(f: &mut Function) -> Summary {
     let mut comp: Vec<Option<usize>> = vec![None; n];
     let mut kernel_ids = HashSet::new();
     for (i, node) in nodes.iter().enumerate() {
-        if is_leaf_kind(&node.kind) {
+        if is_leaf_kind(&node.kind) || constant[i] || load_base[i].is_some() {
             continue;
         }
         let c = if regions[i] { find(&mut parent, i) } else { i };
@@ -899,8 +1232,9 @@ pub fn summarize(f: &mut Function) -> Summary {
     let mut self_loop = false;
     for (i, node) in nodes.iter().enumerate() {
         for o in node.kind.operands() {
-            if let (Some(a), Some(b)) = (comp[o.index()], comp[i]) {
-                if tiled(nodes[o.index()].ty.as_ref()) {
+            let o = load_base[o.index()].unwrap_or(o.index());
+            if let (Some(a), Some(b)) = (comp[o], comp[i]) {
+                if tiled(nodes[o].ty.as_ref()) {
                     continue; // inside one region
                 }
                 if a == b {
@@ -922,7 +1256,7 @@ pub fn summarize(f: &mut Function) -> Summary {
     }
     let mut stored_ids = Vec::new();
     for (i, node) in nodes.iter().enumerate() {
-        if used[i] && !is_leaf_kind(&node.kind) && !tiled(node.ty.as_ref()) {
+        if used[i] && !is_leaf_kind(&node.kind) && !constant[i] && !tiled(node.ty.as_ref()) {
             if let Some(Type::Tensor(t)) = &node.ty {
                 stored_ids.push(i);
                 stored.push(format!("stored{}: {}", stored.len(), t));

@@ -24,6 +24,12 @@ pub fn extract_info() -> PassInfo {
             help: "stop after outputting this many candidates per e-graph",
         },
         OptionInfo {
+            name: "max-kernels",
+            kind: OptionKind::Int,
+            default: "0",
+            help: "only candidates with at most this many kernels (0: any); partial programs that must exceed it are pruned",
+        },
+        OptionInfo {
             name: "time-limit",
             kind: OptionKind::Float,
             default: "60",
@@ -40,6 +46,11 @@ pub fn extract_info() -> PassInfo {
                     .unwrap_or(Compaction::Early),
                 max_candidates: opts.get(info, "max-candidates").parse().unwrap_or(1000),
                 time_limit: opts.get(info, "time-limit").parse().unwrap_or(60.0),
+                max_kernels: opts
+                    .get(info, "max-kernels")
+                    .parse()
+                    .ok()
+                    .filter(|n: &usize| *n > 0),
             })
         },
     }
@@ -49,6 +60,7 @@ struct ExtractPass {
     compaction: Compaction,
     max_candidates: usize,
     time_limit: f64,
+    max_kernels: Option<usize>,
 }
 
 impl Pass for ExtractPass {
@@ -62,7 +74,8 @@ impl Pass for ExtractPass {
         let extractor = Extractor::default()
             .with_compaction(self.compaction)
             .with_max_candidates(self.max_candidates.max(1))
-            .with_time_limit(Duration::from_secs_f64(self.time_limit.max(0.0)));
+            .with_time_limit(Duration::from_secs_f64(self.time_limit.max(0.0)))
+            .with_max_kernels(self.max_kernels);
         let mut funcs = Vec::new();
         let mut per_graph = Vec::new();
         let mut errors = Vec::new();
@@ -102,10 +115,15 @@ impl Pass for ExtractPass {
                 let name = format!("{}.c{i}", g.name);
                 let mut f = reconstruct(&x, &c.choice, &name);
                 let summary = summarize(&mut f);
-                f.comment = Some(format!("candidate {i} of {total}: {}", summary.line()));
+                f.comment = Some(format!(
+                    "candidate {i} of {total}: {}; estimated cost: {}",
+                    summary.line(),
+                    c.cost
+                ));
                 listed.push(serde_json::json!({
                     "name": name,
                     "kernels": summary.kernels,
+                    "estimated_cost": c.cost,
                     "stored": summary.stored,
                     "parallel_axes": summary.axes,
                 }));
@@ -117,6 +135,7 @@ impl Pass for ExtractPass {
                 "expanded_states": report.expanded,
                 "complete_candidates": report.complete,
                 "rejected_no_launch_order": report.rejected,
+                "pruned_over_max_kernels": report.over_kernels,
                 "distinct_candidates": report.distinct,
                 "output": total,
                 "stop_reason": report.stop.to_string(),
