@@ -8,6 +8,8 @@ use efopt::egraph::TypedEGraph;
 use efopt::ir::print::print_egraph;
 use std::path::Path;
 
+mod common;
+
 fn saturated(path: &Path, incremental: bool) -> (String, usize) {
     let text = std::fs::read_to_string(path).expect("readable");
     let mut m = efopt::parse::parse_module(&text, 0).expect("parses");
@@ -36,19 +38,7 @@ fn saturated(path: &Path, incremental: bool) -> (String, usize) {
 
 #[test]
 fn incremental_search_gives_the_same_egraph_as_full_search() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut files: Vec<_> = ["examples", "tests/rules"]
-        .iter()
-        .flat_map(|d| {
-            std::fs::read_dir(root.join(d))
-                .into_iter()
-                .flatten()
-                .flatten()
-        })
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "ef"))
-        .collect();
-    files.sort();
+    let files = common::example_and_rule_programs();
     assert!(files.len() >= 10, "too few programs: {files:?}");
     for f in &files {
         let (full, nodes) = saturated(f, false);

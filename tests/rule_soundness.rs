@@ -17,6 +17,8 @@ use egg::{AstSize, Extractor, Id, RecExpr};
 use std::collections::HashMap;
 use std::path::Path;
 
+mod common;
+
 const MAX_INSTANCES_PER_RULE: usize = 12;
 
 /// How an instance program is sized: every dimension capped, or random dimensions and a
@@ -254,19 +256,7 @@ fn compare(a: &Value, b: &Value) -> f64 {
 
 #[test]
 fn every_rule_is_sound_on_instances() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut files: Vec<_> = ["examples", "tests/rules"]
-        .iter()
-        .flat_map(|d| {
-            std::fs::read_dir(root.join(d))
-                .into_iter()
-                .flatten()
-                .flatten()
-                .map(|e| e.path())
-        })
-        .filter(|p| p.extension().is_some_and(|e| e == "ef"))
-        .collect();
-    files.sort();
+    let files = common::example_and_rule_programs();
     let rules = all_rules();
     // Passing instances per rule, from capped and from random-shape programs.
     let mut passed: HashMap<&str, [usize; 2]> = rules.iter().map(|r| (r.name, [0, 0])).collect();
