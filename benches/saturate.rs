@@ -1,6 +1,6 @@
 //! Saturation cost on every workload of ../shared/design/workloads.md at B = 1, 8, 16, next
 //! to the paper's figures (B = 16). Run with `cargo bench --bench saturate`; times are the
-//! median of five runs.
+//! median of five runs (`EFOPT_BENCH_REPS`); `EFOPT_BENCH_FILTER=name` runs one workload.
 
 use efopt::egraph::rules::all_rules;
 use efopt::egraph::runner::Runner;
@@ -24,6 +24,13 @@ const WORKLOADS: &[(&str, &str, &str)] = &[
 fn main() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let rules = all_rules();
+    // EFOPT_BENCH_FILTER=name runs one workload; EFOPT_BENCH_REPS sets the runs per median.
+    let filter = std::env::var("EFOPT_BENCH_FILTER").ok();
+    let reps: usize = std::env::var("EFOPT_BENCH_REPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5)
+        .max(1);
     println!(
         "{:<16} {:>3} {:>9} {:>8} {:>5} {:<22} {:>10} {:>20}   {:>13} {:>10}",
         "workload",
@@ -38,6 +45,9 @@ fn main() {
         "paper (s)"
     );
     for (name, paper_size, paper_time) in WORKLOADS {
+        if filter.as_deref().is_some_and(|f| !name.contains(f)) {
+            continue;
+        }
         let path = root.join("examples").join(format!("{name}.ef"));
         let Ok(text) = std::fs::read_to_string(&path) else {
             println!("{name:<16} missing {}", path.display());
@@ -62,7 +72,7 @@ fn main() {
             let f = &module.funcs[0];
             let mut times = Vec::new();
             let mut last = None;
-            for _ in 0..5 {
+            for _ in 0..reps {
                 let Ok(mut g) = TypedEGraph::from_function(f, &module.reducers) else {
                     break;
                 };

@@ -7,7 +7,8 @@ use super::rules::{Family, Out, Rule, Term};
 use crate::ir::Type;
 use crate::passes::typing::infer;
 use egg::Id;
-use std::collections::{HashMap, HashSet};
+use rayon::prelude::*;
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet, FxHasher};
 use std::hash::{Hash, Hasher};
 use std::time::{Duration, Instant};
 
@@ -143,8 +144,10 @@ impl Runner {
         // Backoff state per rule: iteration until which it is banned, and how often it was.
         let mut banned_until = vec![0usize; rules.len()];
         let mut bans = vec![0u32; rules.len()];
-        // Per rule: classes to revisit next time it runs (None: all of them).
-        let mut pending: Vec<Option<HashSet<Id>>> = vec![None; rules.len()];
+        // Classes whose neighbourhood changed, one list per finished iteration, and per rule
+        // how many of those lists it has already seen (None: it must search everything).
+        let mut dirty_log: Vec<Vec<Id>> = Vec::new();
+        let mut seen: Vec<Option<usize>> = vec![None; rules.len()];
         let mut fingerprints = class_fingerprints(g);
         let stop = loop {
             if iterations >= self.iter_limit {
@@ -159,52 +162,76 @@ impl Runner {
             classes.sort();
             index_parallel_reductions(g, &classes);
             let t_search = Instant::now();
+            // Semi-naive search: a local rule only revisits classes whose neighbourhood
+            // changed since it last ran; everything else would re-propose known terms. Rules
+            // that ran in the same iteration share one scope.
+            let mut scopes: HashMap<usize, Vec<Id>> = HashMap::default();
+            let active: Vec<(usize, Option<usize>)> = rules
+                .iter()
+                .enumerate()
+                .filter(|(ri, _)| banned_until[*ri] <= iterations)
+                .map(|(ri, rule)| {
+                    let since = seen[ri].filter(|_| self.incremental && !rule.searches_globally());
+                    if let Some(k) = since {
+                        scopes.entry(k).or_insert_with(|| {
+                            let mut v: Vec<Id> = dirty_log[k..]
+                                .iter()
+                                .flatten()
+                                .map(|c| g.egraph.find(*c))
+                                .collect();
+                            v.sort();
+                            v.dedup();
+                            v
+                        });
+                    }
+                    (ri, since)
+                })
+                .collect();
+            // Rules search in parallel on the frozen e-graph; results keep rule order.
+            let egraph = &g.egraph;
+            let found: Vec<(usize, Out)> = active
+                .par_iter()
+                .map(|&(ri, since)| {
+                    let scope: &[Id] = since.and_then(|k| scopes.get(&k)).unwrap_or(&classes);
+                    let mut out = Out::default();
+                    let mut all = Out::default();
+                    for &c in scope {
+                        for n in &egraph[c].nodes {
+                            (rules[ri].find)(egraph, c, n, &mut out);
+                            all.proposals.extend(
+                                out.proposals
+                                    .drain(..)
+                                    .map(|(t, term)| (Some(t.unwrap_or(c)), term)),
+                            );
+                            all.reducers.append(&mut out.reducers);
+                        }
+                    }
+                    (ri, all)
+                })
+                .collect();
             let mut proposals: Vec<(usize, Id, Term)> = Vec::new();
             let mut new_reducers = Vec::new();
-            for (ri, rule) in rules.iter().enumerate() {
-                if banned_until[ri] > iterations {
-                    continue;
-                }
-                let first = proposals.len();
-                // Semi-naive search: a local rule only revisits classes whose neighbourhood
-                // changed since it last ran; everything else would re-propose known terms.
-                let dirty: Vec<Id>;
-                let scope: &[Id] = match &pending[ri] {
-                    Some(d) if self.incremental && !rule.searches_globally() => {
-                        let mut v: Vec<Id> = d.iter().map(|c| g.egraph.find(*c)).collect();
-                        v.sort();
-                        v.dedup();
-                        dirty = v;
-                        &dirty
-                    }
-                    _ => &classes,
-                };
-                for &c in scope {
-                    for n in &g.egraph[c].nodes {
-                        let mut out = Out::default();
-                        (rule.find)(&g.egraph, c, n, &mut out);
-                        proposals.extend(
-                            out.proposals
-                                .into_iter()
-                                .map(|(target, t)| (ri, target.unwrap_or(c), t)),
-                        );
-                        new_reducers.extend(out.reducers);
-                    }
-                }
-                pending[ri] = Some(HashSet::new());
+            for (ri, out) in found {
+                seen[ri] = Some(dirty_log.len());
                 if let Scheduler::Backoff {
                     match_limit,
                     ban_length,
                 } = self.scheduler
                 {
                     let threshold = match_limit << bans[ri].min(16);
-                    if proposals.len() - first > threshold {
-                        proposals.truncate(first);
-                        pending[ri] = None;
+                    if out.proposals.len() > threshold {
+                        seen[ri] = None;
                         banned_until[ri] = iterations + (ban_length << bans[ri].min(16));
                         bans[ri] += 1;
+                        continue;
                     }
                 }
+                proposals.extend(
+                    out.proposals
+                        .into_iter()
+                        .filter_map(|(t, term)| Some((ri, t?, term))),
+                );
+                new_reducers.extend(out.reducers);
             }
             for r in new_reducers {
                 g.egraph.analysis.env.add_reducer(r);
@@ -253,10 +280,12 @@ impl Runner {
             super::graph::rebuild(&mut g.egraph);
             if self.incremental {
                 let now = class_fingerprints(g);
-                let dirty = dirty_neighbourhood(g, &fingerprints, &now, LOCAL_RULE_DEPTH);
-                for p in pending.iter_mut().flatten() {
-                    p.extend(dirty.iter().copied());
-                }
+                let mut dirty: Vec<Id> =
+                    dirty_neighbourhood(g, &fingerprints, &now, LOCAL_RULE_DEPTH)
+                        .into_iter()
+                        .collect();
+                dirty.sort();
+                dirty_log.push(dirty);
                 fingerprints = now;
             }
             phase[2] += t_rebuild.elapsed().as_secs_f64();
@@ -322,10 +351,16 @@ fn class_fingerprints(g: &TypedEGraph) -> HashMap<Id, u64> {
     g.egraph
         .classes()
         .map(|c| {
-            let mut nodes: Vec<&ENode> = c.nodes.iter().collect();
-            nodes.sort();
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            nodes.hash(&mut h);
+            // egg keeps a class's nodes sorted after a rebuild; before the first one each
+            // class has a single node.
+            let mut h = FxHasher::default();
+            if c.nodes.is_sorted() {
+                c.nodes.hash(&mut h);
+            } else {
+                let mut nodes: Vec<&ENode> = c.nodes.iter().collect();
+                nodes.sort();
+                nodes.hash(&mut h);
+            }
             (c.id, h.finish())
         })
         .collect()
@@ -369,9 +404,9 @@ pub fn add_term(g: &mut TypedEGraph, term: &Term) -> Result<Id, String> {
                 .iter()
                 .map(|k| add_term(g, k))
                 .collect::<Result<Vec<Id>, String>>()?;
-            let enode = ENode::new(op.clone(), ids);
+            let mut enode = ENode::new(op.clone(), ids);
             // Rules re-propose known terms every iteration: reuse them without re-typing.
-            if let Some(id) = g.egraph.lookup(enode.clone()) {
+            if let Some(id) = g.egraph.lookup(&mut enode) {
                 return Ok(id);
             }
             let eg = &g.egraph;

@@ -7,6 +7,7 @@ use crate::diag::{Diagnostic, Span};
 use crate::ir::*;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Mutex;
 
 /// A typing failure. `span` overrides the location of the offending expression when the
 /// error is inside a reducer body; `notes` explain where the body was instantiated.
@@ -58,16 +59,20 @@ type Instance = (Type, Vec<Type>);
 /// reducer instantiations (a reducer is typed per use, like a template).
 pub struct TypeEnv {
     reducers: Vec<ReducerDef>,
-    cache: RefCell<HashMap<InstanceKey, TResult<Instance>>>,
-    active: RefCell<Vec<String>>,
+    /// Shared by the threads that search rules in parallel.
+    cache: Mutex<HashMap<InstanceKey, TResult<Instance>>>,
+}
+
+thread_local! {
+    /// Reducers being typed on this thread, innermost last: a use of one of them is recursion.
+    static ACTIVE_REDUCERS: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
 }
 
 impl TypeEnv {
     pub fn new(reducers: &[ReducerDef]) -> TypeEnv {
         TypeEnv {
             reducers: reducers.to_vec(),
-            cache: RefCell::new(HashMap::new()),
-            active: RefCell::new(Vec::new()),
+            cache: Mutex::new(HashMap::new()),
         }
     }
 
@@ -869,17 +874,27 @@ fn instantiate(
 ) -> TResult<(Type, Vec<Type>)> {
     let key_types: Vec<Type> = items.iter().cloned().map(Type::Tensor).collect();
     let key = (def.name.clone(), key_types);
-    if let Some(hit) = env.cache.borrow().get(&key) {
-        return hit.clone();
+    let cached = |env: &TypeEnv| {
+        env.cache
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(&key)
+            .cloned()
+    };
+    if let Some(hit) = cached(env) {
+        return hit;
     }
-    if env.active.borrow().contains(&def.name) {
+    if ACTIVE_REDUCERS.with(|a| a.borrow().contains(&def.name)) {
         return err(format!("reducer @{} uses itself", def.name))
             .map_err(|e| e.help("reducers cannot be recursive"));
     }
-    env.active.borrow_mut().push(def.name.clone());
+    ACTIVE_REDUCERS.with(|a| a.borrow_mut().push(def.name.clone()));
     let result = instantiate_uncached(def, &items, env);
-    env.active.borrow_mut().pop();
-    env.cache.borrow_mut().insert(key, result.clone());
+    ACTIVE_REDUCERS.with(|a| a.borrow_mut().pop());
+    env.cache
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .insert(key, result.clone());
     result
 }
 
