@@ -27,19 +27,27 @@ fn classes(x: &ExtractGraph, mode: Compaction) -> (Vec<String>, usize) {
 #[test]
 fn early_compaction_keeps_one_representative_of_every_class() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    for name in ["rowsum", "rowsum_tiled", "matmul_exp"] {
+    // (example, saturation iteration limit, also compare `none`): the small ones saturate; nGPT
+    // cut at four iterations is a medium-size e-graph (63 classes, about 1,900 ≈-classes)
+    // that full enumeration still finishes.
+    for (name, iterations, with_none) in [
+        ("rowsum", 30, true),
+        ("rowsum_tiled", 30, true),
+        ("matmul_exp", 30, true),
+        ("ngpt", 4, false),
+    ] {
         let text = std::fs::read_to_string(root.join(format!("examples/{name}.ef"))).unwrap();
         let mut m = efopt::parse::parse_module(&text, 0).expect("parses");
         efopt::passes::verify::verify_module(&mut m).expect("verifies");
         let mut g = TypedEGraph::from_function(&m.funcs[0], &m.reducers).expect("e-graph");
-        Runner::default().run(&mut g, &all_rules());
+        Runner::default()
+            .with_iter_limit(iterations)
+            .run(&mut g, &all_rules());
         let x = ExtractGraph::new(&g).expect("extractable");
         let (early, early_states) = classes(&x, Compaction::Early);
         let (after, after_states) = classes(&x, Compaction::After);
-        let (none, _) = classes(&x, Compaction::None);
         let early_set: BTreeSet<&String> = early.iter().collect();
         let after_set: BTreeSet<&String> = after.iter().collect();
-        let none_set: BTreeSet<&String> = none.iter().collect();
         assert_eq!(
             early_set.len(),
             early.len(),
@@ -57,8 +65,12 @@ fn early_compaction_keeps_one_representative_of_every_class() {
             missing.len(),
             missing.first().map(|s| s.as_str()).unwrap_or("")
         );
-        assert_eq!(none_set, after_set, "{name}: none finds different classes");
-        assert!(none.len() >= after.len());
+        if with_none {
+            let (none, _) = classes(&x, Compaction::None);
+            let none_set: BTreeSet<&String> = none.iter().collect();
+            assert_eq!(none_set, after_set, "{name}: none finds different classes");
+            assert!(none.len() >= after.len());
+        }
         assert!(!early.is_empty(), "{name}: no candidates");
         assert!(
             early_states <= after_states,

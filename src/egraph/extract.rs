@@ -636,33 +636,34 @@ pub fn canonical_text(x: &ExtractGraph, choice: &Choice) -> String {
         .iter()
         .map(|r| walk.canon(*r, &mut interner))
         .collect();
-    fn render(i: &Interner, id: u32, out: &mut String) {
-        let kids = |ks: &[u32], out: &mut String| {
-            out.push('(');
-            for (n, k) in ks.iter().enumerate() {
-                if n > 0 {
-                    out.push_str(", ");
-                }
-                render(i, *k, out);
-            }
-            out.push(')');
-        };
-        match i.key(id) {
-            Some(Key::Hole(c)) => out.push_str(&format!("□{c}")),
-            Some(Key::Node(op, ks)) => {
-                out.push_str(&format!("{op:?}"));
-                kids(ks, out);
-            }
-            Some(Key::Views(b, ops)) | Some(Key::Combinations(b, ops)) => {
-                out.push_str(&format!("{ops:?}"));
-                kids(&[*b], out);
-            }
-            None => out.push('?'),
+    // Commutative operands in text order: interned ids depend on the order of interning,
+    // which differs between interners, while the text does not.
+    fn render(i: &Interner, id: u32, memo: &mut HashMap<u32, String>) -> String {
+        if let Some(t) = memo.get(&id) {
+            return t.clone();
         }
+        let kids = |ks: &[u32], sort: bool, memo: &mut HashMap<u32, String>| {
+            let mut texts: Vec<String> = ks.iter().map(|k| render(i, *k, memo)).collect();
+            if sort {
+                texts.sort();
+            }
+            format!("({})", texts.join(", "))
+        };
+        let text = match i.key(id) {
+            Some(Key::Hole(c)) => format!("□{c}"),
+            Some(Key::Node(op, ks)) => format!("{op:?}{}", kids(ks, commutative(op), memo)),
+            Some(Key::Views(b, ops)) | Some(Key::Combinations(b, ops)) => {
+                format!("{ops:?}{}", kids(&[*b], false, memo))
+            }
+            None => "?".to_string(),
+        };
+        memo.insert(id, text.clone());
+        text
     }
+    let mut memo = HashMap::new();
     let mut out = String::new();
     for r in roots {
-        render(&interner, r, &mut out);
+        out.push_str(&render(&interner, r, &mut memo));
         out.push('\n');
     }
     out
@@ -714,39 +715,39 @@ fn loadable(x: &ExtractGraph, choice: &Choice, mut c: u32) -> Option<bool> {
 /// results a product or repair fusion added; the first may be a repair's running statistic)
 /// is read by some `get`, or the tuple is used whole. A candidate that fuses a value into a
 /// reduction and then computes it again elsewhere does the work twice; the candidate that
-/// does not fuse it is in the e-graph too.
-fn no_dead_components(x: &ExtractGraph, choice: &Choice) -> bool {
-    let mut needed: HashMap<u32, usize> = HashMap::new();
-    let mut read: HashSet<(u32, usize)> = HashSet::new();
-    let mut whole: HashSet<u32> = HashSet::new();
-    for (c, &n) in choice.iter().enumerate() {
-        if n == NONE {
-            continue;
-        }
-        let (node, kids) = &x.nodes[c][n as usize];
-        match &node.op {
-            Op::ReduceAxis { .. } | Op::ReduceParallel { .. } => {
-                if let Some(Type::Tuple(ts)) = x.g.egraph[x.ids[c]].data.as_ref() {
-                    needed.insert(c as u32, ts.len());
-                }
+/// does not fuse it is in the e-graph too. Judged on the reconstructed program, where equal
+/// values are one node, so that ≈ candidates agree.
+fn no_dead_components(f: &Function) -> bool {
+    let nodes = &f.body.nodes;
+    let mut read: HashSet<(usize, usize)> = HashSet::new();
+    let mut whole: HashSet<usize> = HashSet::new();
+    for node in nodes {
+        match &node.kind {
+            ExprKind::Get(crate::ir::FieldRef::Index(i), t) => {
+                read.insert((t.index(), *i));
             }
-            Op::Get(i) => {
-                read.insert((kids[0], *i));
-            }
-            _ => whole.extend(kids),
+            k => whole.extend(k.operands().iter().map(|o| o.index())),
         }
     }
-    needed
+    whole.extend(f.body.results.iter().map(|r| r.index()));
+    nodes
         .iter()
-        .all(|(c, len)| whole.contains(c) || (1..*len).all(|i| read.contains(&(*c, i))))
+        .enumerate()
+        .all(|(c, node)| match (&node.kind, &node.ty) {
+            (ExprKind::Reduce { .. }, Some(Type::Tuple(ts))) => {
+                whole.contains(&c) || (1..ts.len()).all(|i| read.contains(&(c, i)))
+            }
+            _ => true,
+        })
 }
 
 /// A lower bound on the kernels of any completion of a partial program: each picked
 /// tensor-level operator on tensor-level operands is a kernel of its own (default tiling), a
 /// tiled region is at least one more, and a computed tensor-level value read by another
-/// operator was written by one kernel and read by another.
-fn kernel_lower_bound(x: &ExtractGraph, choice: &Choice, visited: &[bool]) -> usize {
-    let (mut default_tiled, mut region, mut stored_read) = (0usize, false, false);
+/// operator was written by one kernel and read by another. Classes with one canonical form
+/// (`memo`) are one node of the program, so they count once.
+fn kernel_lower_bound(x: &ExtractGraph, choice: &Choice, visited: &[bool], memo: &[u32]) -> usize {
+    let (mut default_tiled, mut region, mut stored_read) = (HashSet::new(), false, false);
     for (c, v) in visited.iter().enumerate() {
         if !*v || choice[c] == NONE {
             continue;
@@ -760,13 +761,13 @@ fn kernel_lower_bound(x: &ExtractGraph, choice: &Choice, visited: &[bool]) -> us
             region = true;
         } else if is_compute(&node.op) && !x.constant[c] && kids.iter().all(|k| !class_tiled(x, *k))
         {
-            default_tiled += 1;
+            default_tiled.insert(memo[c]);
         }
         if (is_compute(&node.op) || is_view(&node.op)) && kids.iter().any(|k| computed(*k)) {
             stored_read = true;
         }
     }
-    let lb = default_tiled + usize::from(region);
+    let lb = default_tiled.len() + usize::from(region);
     if stored_read {
         lb.max(2)
     } else {
@@ -910,11 +911,12 @@ impl Extractor {
                 visited,
                 first_hole: hole,
                 holes,
+                memo,
                 ..
             } = walk;
             let cost = estimate(x, &s, &visited, &holes);
             if let Some(max) = self.max_kernels {
-                if kernel_lower_bound(x, &s, &visited) > max {
+                if kernel_lower_bound(x, &s, &visited, &memo) > max {
                     over_kernels += 1;
                     continue;
                 }
@@ -926,10 +928,11 @@ impl Extractor {
                 }
             }
             let Some(h) = hole else {
-                if !no_dead_components(x, &s) {
+                let mut program = reconstruct(x, &s, "");
+                if !no_dead_components(&program) {
                     continue;
                 }
-                let summary = summarize(&mut reconstruct(x, &s, ""));
+                let summary = summarize(&mut program);
                 if !summary.launch_order {
                     rejected += 1;
                     continue;
@@ -1071,6 +1074,7 @@ fn is_leaf_kind(k: &ExprKind) -> bool {
 /// Rebuilds candidate `choice` as a function named `name` (verified types filled in).
 pub fn reconstruct(x: &ExtractGraph, choice: &Choice, name: &str) -> Function {
     let eg = &x.g.egraph;
+    let alias = shared_classes(x, choice);
     let mut body = Body::default();
     // Inputs first, in parameter order: every input of the source, reachable or not.
     let mut inputs: Vec<(u32, u32)> = Vec::new();
@@ -1102,7 +1106,12 @@ pub fn reconstruct(x: &ExtractGraph, choice: &Choice, name: &str) -> Function {
         node_of[*c as usize] = Some(id);
     }
     // Post-order from the results.
-    let mut stack: Vec<(u32, bool)> = x.roots.iter().rev().map(|r| (*r, false)).collect();
+    let mut stack: Vec<(u32, bool)> = x
+        .roots
+        .iter()
+        .rev()
+        .map(|r| (alias[*r as usize], false))
+        .collect();
     while let Some((c, done)) = stack.pop() {
         if node_of[c as usize].is_some() {
             continue;
@@ -1113,7 +1122,7 @@ pub fn reconstruct(x: &ExtractGraph, choice: &Choice, name: &str) -> Function {
         if done {
             let operands: Vec<NodeId> = kids
                 .iter()
-                .map(|k| node_of[*k as usize].unwrap_or(NodeId(0)))
+                .map(|k| node_of[alias[*k as usize] as usize].unwrap_or(NodeId(0)))
                 .collect();
             let id = body.push(Node {
                 kind: n.to_expr_kind().with_operands(&operands),
@@ -1125,13 +1134,13 @@ pub fn reconstruct(x: &ExtractGraph, choice: &Choice, name: &str) -> Function {
             node_of[c as usize] = Some(id);
         } else {
             stack.push((c, true));
-            stack.extend(kids.iter().rev().map(|k| (*k, false)));
+            stack.extend(kids.iter().rev().map(|k| (alias[*k as usize], false)));
         }
     }
     body.results = x
         .roots
         .iter()
-        .map(|r| node_of[*r as usize].unwrap_or(NodeId(0)))
+        .map(|r| node_of[alias[*r as usize] as usize].unwrap_or(NodeId(0)))
         .collect();
     Function {
         name: name.to_string(),
@@ -1140,6 +1149,32 @@ pub fn reconstruct(x: &ExtractGraph, choice: &Choice, name: &str) -> Function {
         body,
         comment: None,
     }
+}
+
+/// For each class, the class that stands for it in the program: the lowest-numbered class
+/// with the same canonical form. Two classes the e-graph did not merge can hold ≈ values (a
+/// view chain written in two orders, say); the program computes such a value once, so that
+/// kernels, stores and validity depend only on the candidate's canonical form.
+fn shared_classes(x: &ExtractGraph, choice: &Choice) -> Vec<u32> {
+    let mut interner = Interner::default();
+    let mut walk = Walk {
+        x,
+        choice,
+        memo: vec![NONE; x.ids.len()],
+        visited: vec![false; x.ids.len()],
+        first_hole: None,
+        holes: Vec::new(),
+    };
+    for r in &x.roots {
+        walk.canon(*r, &mut interner);
+    }
+    let mut first: HashMap<u32, u32> = HashMap::new();
+    (0..x.ids.len() as u32)
+        .map(|c| match walk.memo[c as usize] {
+            NONE => c,
+            id => *first.entry(id).or_insert(c),
+        })
+        .collect()
 }
 
 /// Kernel regions, stored intermediates and parallel axes of a reconstructed candidate. Stored
