@@ -1,1 +1,4 @@
-//! Code emitters (Triton; the lower issue builds it).
+//! Code emitters. [`triton`] writes a Python module of `@triton.jit` kernels and a host
+//! function per candidate.
+
+pub mod triton;

@@ -476,6 +476,9 @@ fn process_chunk(
         .push(("verify (on load)".into(), t0.elapsed().as_secs_f64() * 1e3));
     let original = module.clone();
     let mut pass_stats = Vec::new();
+    // Python from `lower`; report lines then become Python comments on standard output.
+    let mut emitted: Option<String> = None;
+    let python_out = specs.iter().any(|s| s.name == "lower");
     for spec in specs {
         let Some(info) = registry().into_iter().find(|p| p.name == spec.name) else {
             continue; // rejected when the pipeline was parsed
@@ -492,9 +495,13 @@ fn process_chunk(
             report: Vec::new(),
             diagnostics: Vec::new(),
             counters: Default::default(),
+            emitted: None,
         };
         let t0 = Instant::now();
         let result = pass.run(&mut module, &mut cx);
+        if let Some(code) = cx.emitted.take() {
+            emitted = Some(code);
+        }
         let ms = t0.elapsed().as_secs_f64() * 1e3;
         timing.rows.push((spec.name.clone(), ms));
         let report = std::mem::take(&mut cx.report);
@@ -504,7 +511,11 @@ fn process_chunk(
         if !report.is_empty() {
             let mut stdout = std::io::stdout().lock();
             for line in report {
-                let _ = writeln!(stdout, "{line}");
+                if python_out {
+                    let _ = writeln!(stdout, "#{}", line.trim_start_matches('/'));
+                } else {
+                    let _ = writeln!(stdout, "{line}");
+                }
             }
         }
         if let Err(mut d) = result {
@@ -537,12 +548,14 @@ fn process_chunk(
     stats.push(serde_json::json!({ "passes": pass_stats }));
     let failed = diagnostics.iter().any(|d| d.is_error());
     ChunkOutcome {
-        output: print_module(
-            &module,
-            PrintOptions {
-                types: opts.print_types,
-            },
-        ),
+        output: emitted.unwrap_or_else(|| {
+            print_module(
+                &module,
+                PrintOptions {
+                    types: opts.print_types,
+                },
+            )
+        }),
         diagnostics,
         failed,
     }

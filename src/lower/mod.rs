@@ -1,1 +1,382 @@
-//! Kernel graphs from tiled programs (the lower issue builds it).
+//! Kernel graphs from tiled programs.
+//!
+//! A kernel is a connected region of tiled values (non-empty parallel state), entered through
+//! loads (`partition`/`replicate` chains over a tensor-level value, re-issued by every kernel
+//! that reads them) and left through stores (`combination`/`collection`, or a `reduce …
+//! parallel=` that folds the last axis away). Axes folded by `reduce … parallel=` inside a
+//! kernel are its loop axes; every other axis indexes output tiles and is a grid axis. A
+//! tensor-level operator outside any region is a kernel of its own (its default tiling).
+//! Constant expressions (built from `fill`/`constant`/`iota` only) are computed inline where
+//! they are used. Launch order follows data dependencies.
+
+use crate::ir::*;
+use std::collections::{BTreeSet, HashMap};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LowerError {
+    #[error("{message}")]
+    Unsupported { node: NodeId, message: String },
+    #[error("no launch order: a kernel reads a value it writes itself")]
+    NoLaunchOrder,
+}
+
+#[derive(Clone, Debug)]
+pub struct Kernel {
+    /// Compute nodes of the kernel, operands first (loads are emitted where they are used).
+    pub nodes: Vec<NodeId>,
+    /// Tensor-level values the kernel writes.
+    pub outputs: Vec<NodeId>,
+    /// Tensor-level values the kernel reads (through loads or whole).
+    pub reads: Vec<NodeId>,
+    pub grid_axes: Vec<String>,
+    pub loop_axes: Vec<String>,
+    /// A tensor-level operator outside any tiled region.
+    pub default_tiled: bool,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct KernelGraph {
+    /// In launch order.
+    pub kernels: Vec<Kernel>,
+    /// Tensor-level intermediates: written by one kernel, read by another.
+    pub intermediates: Vec<NodeId>,
+    /// Whether each node is a constant expression.
+    pub constant: Vec<bool>,
+    /// For each load (view chain node), the tensor-level value it reads.
+    pub load_base: Vec<Option<NodeId>>,
+}
+
+pub fn tiled(t: Option<&Type>) -> bool {
+    match t {
+        Some(Type::Tensor(t)) => !t.par.is_empty(),
+        Some(Type::Tuple(ts)) => ts.iter().any(|t| tiled(Some(t))),
+        None => false,
+    }
+}
+
+fn is_leaf(k: &ExprKind) -> bool {
+    matches!(
+        k,
+        ExprKind::Input
+            | ExprKind::Param
+            | ExprKind::Constant(_)
+            | ExprKind::Fill(_)
+            | ExprKind::Iota(_)
+    )
+}
+
+/// Loads and constant expressions of a function's body.
+pub fn loads_and_constants(body: &Body) -> (Vec<Option<NodeId>>, Vec<bool>) {
+    let nodes = &body.nodes;
+    let mut load_base: Vec<Option<NodeId>> = vec![None; nodes.len()];
+    for (i, node) in nodes.iter().enumerate() {
+        if let ExprKind::Partition(_, _, o) | ExprKind::Replicate(_, o) = node.kind {
+            load_base[i] = if tiled(nodes[o.index()].ty.as_ref()) {
+                load_base[o.index()]
+            } else {
+                Some(o)
+            };
+        }
+    }
+    let mut constant = vec![false; nodes.len()];
+    for (i, node) in nodes.iter().enumerate() {
+        constant[i] = match &node.kind {
+            ExprKind::Input => false,
+            k if is_leaf(k) => true,
+            k => {
+                !tiled(node.ty.as_ref())
+                    && !k.operands().is_empty()
+                    && k.operands().iter().all(|o| constant[o.index()])
+            }
+        };
+    }
+    (load_base, constant)
+}
+
+/// Partitions a verified candidate into kernels.
+pub fn kernel_graph(f: &Function) -> Result<KernelGraph, LowerError> {
+    let body = &f.body;
+    let nodes = &body.nodes;
+    let n = nodes.len();
+    let (load_base, constant) = loads_and_constants(body);
+    let mut parent: Vec<usize> = (0..n).collect();
+    fn find(p: &mut [usize], mut i: usize) -> usize {
+        while p[i] != i {
+            p[i] = p[p[i]];
+            i = p[i];
+        }
+        i
+    }
+    let skip = |i: usize| is_leaf(&nodes[i].kind) || constant[i] || load_base[i].is_some();
+    let in_region = |i: usize| {
+        tiled(nodes[i].ty.as_ref())
+            || nodes[i]
+                .kind
+                .operands()
+                .iter()
+                .any(|o| tiled(nodes[o.index()].ty.as_ref()))
+    };
+    let mut region = vec![false; n];
+    for i in 0..n {
+        if skip(i) {
+            continue;
+        }
+        region[i] = in_region(i);
+        if region[i] {
+            for o in nodes[i].kind.operands() {
+                let o = o.index();
+                if load_base[o].is_none() && tiled(nodes[o].ty.as_ref()) {
+                    let (a, b) = (find(&mut parent, i), find(&mut parent, o));
+                    parent[a] = b;
+                }
+            }
+        }
+    }
+    // Tuple plumbing at tensor level (a `get` of a stored tuple) belongs to its producer.
+    let mut kernel_of: Vec<Option<usize>> = vec![None; n];
+    let mut roots: Vec<usize> = Vec::new();
+    for i in 0..n {
+        if skip(i) {
+            continue;
+        }
+        let r = if region[i] {
+            find(&mut parent, i)
+        } else if let ExprKind::Get(_, t) = nodes[i].kind {
+            match kernel_of[t.index()] {
+                Some(k) => {
+                    kernel_of[i] = Some(k);
+                    continue;
+                }
+                None => i,
+            }
+        } else {
+            i
+        };
+        let k = match roots.iter().position(|x| *x == r) {
+            Some(k) => k,
+            None => {
+                roots.push(r);
+                roots.len() - 1
+            }
+        };
+        kernel_of[i] = Some(k);
+    }
+    let mut kernels: Vec<Kernel> = roots
+        .iter()
+        .map(|r| Kernel {
+            nodes: Vec::new(),
+            outputs: Vec::new(),
+            reads: Vec::new(),
+            grid_axes: Vec::new(),
+            loop_axes: Vec::new(),
+            default_tiled: !region[*r],
+        })
+        .collect();
+    let mut used_by: Vec<BTreeSet<Option<usize>>> = vec![BTreeSet::new(); n];
+    for (i, node) in nodes.iter().enumerate() {
+        for o in node.kind.operands() {
+            let o = load_base[o.index()].map_or(o.index(), |b| b.index());
+            used_by[o].insert(kernel_of[i]);
+        }
+    }
+    for r in &body.results {
+        used_by[r.index()].insert(None);
+    }
+    let mut edges: Vec<(usize, usize)> = Vec::new();
+    let mut intermediates = Vec::new();
+    for i in 0..n {
+        let Some(k) = kernel_of[i] else { continue };
+        kernels[k].nodes.push(NodeId(i as u32));
+        let tensor_level = !tiled(nodes[i].ty.as_ref());
+        if tensor_level && !used_by[i].is_empty() && used_by[i].iter().any(|u| *u != Some(k)) {
+            if !matches!(nodes[i].kind, ExprKind::Tuple(_)) {
+                kernels[k].outputs.push(NodeId(i as u32));
+            }
+            for u in used_by[i].iter().flatten() {
+                if *u == k {
+                    return Err(LowerError::NoLaunchOrder);
+                }
+                edges.push((k, *u));
+                if !kernels[*u].reads.contains(&NodeId(i as u32)) {
+                    kernels[*u].reads.push(NodeId(i as u32));
+                }
+            }
+            if used_by[i].iter().any(|u| u.is_some()) {
+                intermediates.push(NodeId(i as u32));
+            }
+        }
+        // Axes.
+        let mut axes: Vec<(String, bool)> = Vec::new();
+        let note = |t: &Type, axes: &mut Vec<(String, bool)>| {
+            let mut stack = vec![t];
+            while let Some(t) = stack.pop() {
+                match t {
+                    Type::Tensor(t) => {
+                        for a in t.par.axes() {
+                            if !axes.iter().any(|(b, _)| b == a) {
+                                axes.push((a.clone(), false));
+                            }
+                        }
+                    }
+                    Type::Tuple(ts) => stack.extend(ts),
+                }
+            }
+        };
+        if let Some(t) = nodes[i].ty.as_ref() {
+            note(t, &mut axes);
+        }
+        for o in nodes[i].kind.operands() {
+            if let Some(t) = nodes[o.index()].ty.as_ref() {
+                note(t, &mut axes);
+            }
+        }
+        if let ExprKind::Reduce {
+            over: ReduceOver::Parallel(a),
+            ..
+        } = &nodes[i].kind
+        {
+            if !kernels[k].loop_axes.contains(a) {
+                kernels[k].loop_axes.push(a.clone());
+            }
+        }
+        for (a, _) in axes {
+            if !kernels[k].grid_axes.contains(&a) {
+                kernels[k].grid_axes.push(a);
+            }
+        }
+    }
+    for k in &mut kernels {
+        let loops = k.loop_axes.clone();
+        k.grid_axes.retain(|a| !loops.contains(a));
+        k.grid_axes.sort();
+    }
+    for r in &body.results {
+        if let Some(k) = kernel_of[r.index()] {
+            if !kernels[k].outputs.contains(r) {
+                kernels[k].outputs.push(*r);
+            }
+        }
+    }
+    // Launch order: a topological order of the read edges, lowest kernel first.
+    let count = kernels.len();
+    let mut indeg = vec![0usize; count];
+    edges.sort();
+    edges.dedup();
+    for (_, b) in &edges {
+        indeg[*b] += 1;
+    }
+    let mut order = Vec::new();
+    let mut ready: BTreeSet<usize> = (0..count).filter(|k| indeg[*k] == 0).collect();
+    while let Some(k) = ready.pop_first() {
+        order.push(k);
+        for (a, b) in &edges {
+            if *a == k {
+                indeg[*b] -= 1;
+                if indeg[*b] == 0 {
+                    ready.insert(*b);
+                }
+            }
+        }
+    }
+    if order.len() != count {
+        return Err(LowerError::NoLaunchOrder);
+    }
+    let mut by_index: HashMap<usize, Kernel> = kernels.into_iter().enumerate().collect();
+    let kernels = order
+        .into_iter()
+        .filter_map(|k| by_index.remove(&k))
+        .collect();
+    Ok(KernelGraph {
+        kernels,
+        intermediates,
+        constant,
+        load_base,
+    })
+}
+
+/// Traffic and work of a lowered candidate, for `--stats=json` and ranking.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Cost {
+    pub kernels: usize,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub flops: u64,
+}
+
+fn elements(t: &TensorType, bindings: &[Binding]) -> u64 {
+    t.shape
+        .iter()
+        .map(|d| {
+            d.eval(&|s| bindings.iter().find(|b| b.name == s).map(|b| b.value))
+                .unwrap_or(1)
+        })
+        .product()
+}
+
+/// Bytes each kernel reads and writes in global memory (every read value once per kernel)
+/// and floating-point work (2·M·N·K per matrix product, one per element otherwise), at the
+/// function's `where` sizes.
+pub fn cost(f: &Function, g: &KernelGraph) -> Cost {
+    let body = &f.body;
+    let bytes = |id: &NodeId| -> u64 {
+        let mut total = 0;
+        let mut stack: Vec<&Type> = body.ty(*id).into_iter().collect();
+        while let Some(t) = stack.pop() {
+            match t {
+                Type::Tensor(t) => {
+                    total += elements(t, &f.bindings) * t.dtype.size_bytes();
+                }
+                Type::Tuple(ts) => stack.extend(ts),
+            }
+        }
+        total
+    };
+    let mut c = Cost {
+        kernels: g.kernels.len(),
+        ..Cost::default()
+    };
+    for k in &g.kernels {
+        let mut reads: BTreeSet<NodeId> = k.reads.iter().copied().collect();
+        for id in &k.nodes {
+            for o in body.node(*id).kind.operands() {
+                if let Some(b) = g.load_base[o.index()] {
+                    reads.insert(b);
+                }
+            }
+        }
+        c.bytes_read += reads.iter().map(bytes).sum::<u64>();
+        c.bytes_written += k.outputs.iter().map(bytes).sum::<u64>();
+        for id in &k.nodes {
+            let node = body.node(*id);
+            let Some(Type::Tensor(out)) = node.ty.as_ref() else {
+                continue;
+            };
+            let n = elements(out, &f.bindings);
+            c.flops += match &node.kind {
+                ExprKind::TileMatMul { a, .. } | ExprKind::MatMul { a, .. } => {
+                    let k_len = match body.ty(*a) {
+                        Some(Type::Tensor(t)) => t
+                            .shape
+                            .last()
+                            .and_then(|d| {
+                                d.eval(&|s| {
+                                    f.bindings.iter().find(|b| b.name == s).map(|b| b.value)
+                                })
+                                .ok()
+                            })
+                            .unwrap_or(1),
+                        _ => 1,
+                    };
+                    2 * n * k_len
+                }
+                ExprKind::Unary(..) | ExprKind::Binary(..) | ExprKind::Select(..) => n,
+                ExprKind::Reduce { input, .. } => match body.ty(*input) {
+                    Some(Type::Tensor(t)) => elements(t, &f.bindings),
+                    _ => n,
+                },
+                _ => 0,
+            };
+        }
+    }
+    c
+}

@@ -4,6 +4,7 @@
 pub mod check;
 pub mod contains;
 pub mod extract;
+pub mod lower;
 pub mod saturate;
 pub mod typing;
 pub mod verify;
@@ -28,6 +29,8 @@ pub struct PassContext<'a> {
     pub diagnostics: Vec<Diagnostic>,
     /// Counters for `--stats=json`.
     pub counters: BTreeMap<String, serde_json::Value>,
+    /// Code a backend pass emitted: the pipeline's output instead of the IR.
+    pub emitted: Option<String>,
 }
 
 pub trait Pass {
@@ -158,6 +161,8 @@ pub fn registry() -> Vec<PassInfo> {
         saturate::saturate_info(),
         extract::extract_info(),
         contains::info(),
+        lower::lower_info(),
+        lower::triton_check_info(),
     ]
 }
 

@@ -1,0 +1,238 @@
+"""Runs efopt-generated Triton modules without torch or a GPU.
+
+`python efopt_triton.py MANIFEST.json` reads a manifest written by efopt's `triton-check` pass:
+
+    {"module": "cands.py", "tol": 0.01, "compile": ["sm_90"],
+     "functions": [{"name": "f_c0", "schedules": [{"BLOCK_m": 16}, ...],
+                    "inputs": [{"file": "in0.f32", "shape": [..], "dtype": "bfloat16"}],
+                    "outputs": [{"file": "out0.f32", "shape": [..]}]}]}
+
+Each function runs under the Triton interpreter (TRITON_INTERPRET=1, set before triton is
+imported) once per schedule, on numpy-backed tensors, and its outputs are compared with the
+expected ones (relative L2 error). With "compile", every kernel launch is also compiled for the
+named GPU targets with `triton.compile`, which needs no GPU. One JSON line per result goes to
+standard output.
+"""
+
+import importlib.util
+import json
+import os
+import sys
+import traceback
+
+COMPILE_ONLY = len(sys.argv) > 2 and sys.argv[1] == "--compile"
+# Interpreting patches triton.language for good, so compilation runs in its own process.
+os.environ["TRITON_INTERPRET"] = "0" if COMPILE_ONLY else "1"
+
+import numpy as np  # noqa: E402
+
+
+class DTypeName:
+    """Triton reads a tensor's dtype as str(dtype).split(".")[-1], like torch.bfloat16."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __str__(self):
+        return "efopt." + self.name
+
+
+class NumpyTensor:
+    """The part of the torch.Tensor API the Triton interpreter uses."""
+
+    def __init__(self, array, dtype_name):
+        self.array = np.ascontiguousarray(array)
+        self.dtype_name = dtype_name
+        self.dtype = DTypeName(dtype_name)
+        self.shape = self.array.shape
+        self.device = "cpu"
+
+    def data_ptr(self):
+        return self.array.ctypes.data
+
+    def cpu(self):
+        return self
+
+    def to(self, _device):
+        return self
+
+    @property
+    def data(self):
+        return self
+
+    def copy_(self, other):
+        if other is not self:
+            self.array[...] = other.array
+
+    def stride(self, i=None):
+        s = [x // self.array.itemsize for x in self.array.strides]
+        return s if i is None else s[i]
+
+    def numpy_f32(self):
+        if self.dtype_name == "bfloat16":
+            return (self.array.astype(np.uint32) << 16).view(np.float32)
+        return self.array.astype(np.float32)
+
+
+def from_f32(values, dtype_name):
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    if dtype_name == "bfloat16":
+        bits = values.view(np.uint32)
+        # Round to nearest even (inputs are already bf16 values, so this is exact for them).
+        rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+        return NumpyTensor(rounded, "bfloat16")
+    if dtype_name == "float16":
+        return NumpyTensor(values.astype(np.float16), "float16")
+    if dtype_name == "int32":
+        return NumpyTensor(values.astype(np.int32), "int32")
+    if dtype_name == "bool":
+        return NumpyTensor(values != 0, "bool")
+    return NumpyTensor(values, "float32")
+
+
+def empty(shape, dtype_name, _like=None):
+    storage = {"bfloat16": np.uint16, "float16": np.float16, "float32": np.float32,
+               "int32": np.int32, "bool": np.bool_}[dtype_name]
+    return NumpyTensor(np.full(tuple(int(s) for s in shape), 0, dtype=storage), dtype_name)
+
+
+def relative_l2(got, want):
+    num = float(np.sqrt(np.sum((got.astype(np.float64) - want.astype(np.float64)) ** 2)))
+    den = float(np.sqrt(np.sum(want.astype(np.float64) ** 2)))
+    if not np.all(np.isfinite(got)):
+        return float("inf")
+    return num / den if den > 0 else num
+
+
+class CompileRecorder:
+    """Wraps the module's kernels: each launch also compiles the kernel for GPU targets."""
+
+    def __init__(self, targets):
+        from triton.backends.compiler import GPUTarget
+        self.targets = [GPUTarget("cuda", int(t.removeprefix("sm_")), 32) for t in targets]
+        self.compiled = 0
+        self.failures = []
+        self.seen = set()
+
+    def wrap(self, kernel):
+        recorder = self
+        original_getitem = type(kernel).__getitem__
+
+        class Launch:
+            def __init__(self, grid):
+                self.grid = grid
+
+            def __call__(self, *args, **kwargs):
+                recorder.compile(kernel, args, kwargs)
+                if not COMPILE_ONLY:
+                    return original_getitem(kernel, self.grid)(*args, **kwargs)
+
+        class Wrapped:
+            def __getitem__(self, grid):
+                return Launch(grid)
+
+        return Wrapped()
+
+    def compile(self, kernel, args, kwargs):
+        import triton
+        from triton.compiler import ASTSource
+        names = kernel.arg_names
+        signature, constants = {}, {}
+        values = dict(zip(names, args))
+        values.update({k: v for k, v in kwargs.items() if k in names})
+        for i, name in enumerate(names):
+            value = values[name]
+            if kernel.params[i].is_constexpr:
+                signature[name] = "constexpr"
+                constants[name] = value
+            elif hasattr(value, "data_ptr"):
+                signature[name] = "*" + {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32",
+                                         "int32": "i32", "bool": "i1"}[value.dtype_name]
+            else:
+                signature[name] = "i32"
+        key = (kernel.__name__, tuple(sorted(signature.items())), tuple(sorted(constants.items())))
+        if key in self.seen:
+            return
+        self.seen.add(key)
+        for target in self.targets:
+            try:
+                triton.compile(ASTSource(kernel, signature, constants), target=target)
+                self.compiled += 1
+            except Exception as e:  # report, keep going
+                self.failures.append({"kernel": kernel.__name__, "target": f"sm_{target.arch}",
+                                      "error": str(e).strip().splitlines()[-12:]})
+
+
+def load_module(path):
+    spec = importlib.util.spec_from_file_location("efopt_generated", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def compile_all(manifest, base):
+    """Runs every host function once with launches replaced by compilation."""
+    module = load_module(os.path.join(base, manifest["module"]))
+    recorder = CompileRecorder(manifest["compile"])
+    for name in dir(module):
+        obj = getattr(module, name)
+        if type(obj).__name__ == "JITFunction":
+            setattr(module, name, recorder.wrap(obj))
+    for fn in manifest["functions"]:
+        host = getattr(module, fn["name"])
+        args = [empty(spec["shape"], spec["dtype"]) for spec in fn["inputs"]]
+        for schedule in fn["schedules"][:1]:
+            try:
+                host(*args, schedule=schedule, empty=empty)
+            except Exception:
+                recorder.failures.append({"kernel": fn["name"], "target": "host",
+                                          "error": traceback.format_exc().strip().splitlines()[-6:]})
+    print(json.dumps({"compiled": recorder.compiled, "compile_failures": recorder.failures}))
+    return 0 if not recorder.failures else 1
+
+
+def main(manifest_path):
+    with open(manifest_path) as f:
+        manifest = json.load(f)
+    base = os.path.dirname(os.path.abspath(manifest_path))
+    if COMPILE_ONLY:
+        return compile_all(manifest, base)
+    module = load_module(os.path.join(base, manifest["module"]))
+    tol = manifest.get("tol", 0.01)
+    ok = True
+    for fn in manifest["functions"]:
+        host = getattr(module, fn["name"])
+        inputs = []
+        for spec in fn["inputs"]:
+            data = np.fromfile(os.path.join(base, spec["file"]), dtype=np.float32)
+            inputs.append((data.reshape(spec["shape"]), spec["dtype"]))
+        wants = [np.fromfile(os.path.join(base, o["file"]), dtype=np.float32).reshape(o["shape"])
+                 for o in fn["outputs"]]
+        for schedule in fn["schedules"]:
+            result = {"function": fn["name"], "schedule": schedule}
+            try:
+                args = [from_f32(d, t) for d, t in inputs]
+                outs = host(*args, schedule=schedule, empty=empty)
+                errors = [relative_l2(o.numpy_f32(), w) for o, w in zip(outs, wants)]
+                result["errors"] = errors
+                result["ok"] = all(e <= tol for e in errors)
+            except Exception:
+                result["ok"] = False
+                result["exception"] = traceback.format_exc().strip().splitlines()[-6:]
+            ok &= result["ok"]
+            print(json.dumps(result), flush=True)
+    if manifest.get("compile"):
+        import subprocess
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        done = subprocess.run([sys.executable, os.path.abspath(__file__), "--compile", manifest_path],
+                              env=env, capture_output=True, text=True)
+        sys.stdout.write(done.stdout)
+        if done.returncode != 0 and not done.stdout.strip():
+            print(json.dumps({"compiled": 0, "compile_failures": [
+                {"kernel": "*", "target": "*", "error": done.stderr.strip().splitlines()[-8:]}]}))
+        ok &= done.returncode == 0
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[-1]))

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Creates .venv with the pinned Triton and numpy that `triton-check` uses (no torch, no GPU).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c "import triton, numpy" 2>/dev/null; then
+  python3 -m venv .venv
+  .venv/bin/pip install --quiet --disable-pip-version-check -r python/requirements.txt
+fi
+.venv/bin/python -c "import triton, numpy; print('triton', triton.__version__, 'numpy', numpy.__version__)"

@@ -1,0 +1,1400 @@
+//! Triton emission from a kernel graph.
+//!
+//! Every tile is a Triton block. A block dimension is either split by a parallel axis (length
+//! `BLOCK_<axis>`, offsets `c_<axis> * BLOCK_<axis> + arange`), or whole (length the next power
+//! of two of the dimension, at least 16, so that `tl.dot` accepts it), or 1. Blocks that
+//! overhang a dimension are masked: loads read 0 there, stores skip it, and reductions and
+//! matrix products replace the overhang by the reduction's identity (0 for products) first,
+//! so values computed on padding never reach a result. Grid axes become one flattened
+//! program id; loop axes become `for` loops whose fold state is loop-carried. Arithmetic runs
+//! in f32 (a cast to bf16/f16 rounds); matrix-product operands go to the dot in their
+//! program dtype, or in f32 under the interpreter option (the Triton interpreter's bf16 dot
+//! is wrong).
+
+use crate::ir::print::Namer;
+use crate::ir::*;
+use crate::lower::{kernel_graph, tiled, Kernel, KernelGraph, LowerError};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt::Write;
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TritonOptions {
+    /// f32 matrix-product operands (for `TRITON_INTERPRET=1`).
+    pub interpret: bool,
+}
+
+const PY_KEYWORDS: &[&str] = &[
+    "False", "None", "True", "and", "as", "assert", "async", "await", "break", "class", "continue",
+    "def", "del", "elif", "else", "except", "finally", "for", "from", "global", "if", "import",
+    "in", "is", "lambda", "nonlocal", "not", "or", "pass", "raise", "return", "try", "while",
+    "with", "yield", "tl", "triton", "torch", "np", "range", "min", "max", "float", "int", "len",
+    "empty", "schedule",
+];
+
+fn namer() -> Namer {
+    let mut n = Namer::default();
+    for k in PY_KEYWORDS {
+        n.reserve(k);
+    }
+    n
+}
+
+/// A Python identifier from IR text.
+fn ident(s: &str) -> String {
+    let mut out: String = s
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    if out.is_empty() || out.starts_with(|c: char| c.is_ascii_digit()) {
+        out.insert(0, 'v');
+    }
+    out
+}
+
+/// One block dimension.
+#[derive(Clone, Debug, PartialEq)]
+struct BlockDim {
+    /// Length expression (a constexpr name or a literal).
+    len: String,
+    /// 1-D offsets into the tensor dimension.
+    offs: String,
+    /// 1-D in-bounds mask, when the block can overhang.
+    mask: Option<String>,
+    /// The dimension's name, to resolve `axis=NAME` in reducer bodies.
+    name: Option<String>,
+}
+
+#[derive(Clone, Debug)]
+enum Val {
+    Tile { expr: String, dims: Vec<BlockDim> },
+    Tuple(Vec<Val>),
+}
+
+impl Val {
+    fn tile(&self) -> Result<(&str, &[BlockDim]), String> {
+        match self {
+            Val::Tile { expr, dims } => Ok((expr, dims)),
+            Val::Tuple(_) => Err("a tuple where a tile is needed".into()),
+        }
+    }
+}
+
+fn index_for(rank: usize, d: usize) -> String {
+    if rank <= 1 {
+        return String::new();
+    }
+    let parts: Vec<&str> = (0..rank)
+        .map(|j| if j == d { ":" } else { "None" })
+        .collect();
+    format!("[{}]", parts.join(", "))
+}
+
+fn broadcast(vals: &[&[BlockDim]]) -> Vec<BlockDim> {
+    let rank = vals.iter().map(|d| d.len()).max().unwrap_or(0);
+    (0..rank)
+        .map(|i| {
+            let mut best: Option<BlockDim> = None;
+            for dims in vals {
+                let off = rank - dims.len();
+                if i >= off {
+                    let d = &dims[i - off];
+                    if best.as_ref().is_none_or(|b| b.len == "1") {
+                        best = Some(d.clone());
+                    }
+                }
+            }
+            best.unwrap_or(BlockDim {
+                len: "1".into(),
+                offs: "tl.arange(0, 1)".into(),
+                mask: None,
+                name: None,
+            })
+        })
+        .collect()
+}
+
+fn mask_all(dims: &[BlockDim]) -> Option<String> {
+    let rank = dims.len();
+    let parts: Vec<String> = dims
+        .iter()
+        .enumerate()
+        .filter_map(|(i, d)| {
+            d.mask
+                .as_ref()
+                .map(|m| format!("{m}{}", index_for(rank, i)))
+        })
+        .collect();
+    if parts.is_empty() {
+        None
+    } else {
+        Some(parts.join(" & "))
+    }
+}
+
+fn dtype_tl(d: DType) -> &'static str {
+    match d {
+        DType::BF16 => "tl.bfloat16",
+        DType::F16 => "tl.float16",
+        DType::F32 => "tl.float32",
+        DType::I32 => "tl.int32",
+        DType::I1 => "tl.int1",
+    }
+}
+
+fn dtype_host(d: DType) -> &'static str {
+    match d {
+        DType::BF16 => "bfloat16",
+        DType::F16 => "float16",
+        DType::F32 => "float32",
+        DType::I32 => "int32",
+        DType::I1 => "bool",
+    }
+}
+
+fn float_lit(v: f64) -> String {
+    if v.is_infinite() {
+        if v > 0.0 {
+            "float('inf')".into()
+        } else {
+            "float('-inf')".into()
+        }
+    } else if v.is_nan() {
+        "float('nan')".into()
+    } else {
+        format!("{v:?}")
+    }
+}
+
+fn builtin_identity(r: BuiltinReducer) -> f64 {
+    match r {
+        BuiltinReducer::Add => 0.0,
+        BuiltinReducer::Mul => 1.0,
+        BuiltinReducer::Max => f64::NEG_INFINITY,
+        BuiltinReducer::Min => f64::INFINITY,
+    }
+}
+
+/// The Triton program of one candidate.
+pub struct Emitted {
+    /// The host function's name.
+    pub name: String,
+    pub source: String,
+    pub graph: KernelGraph,
+    pub host: String,
+}
+
+struct Ctx<'a> {
+    module: &'a Module,
+    f: &'a Function,
+    g: &'a KernelGraph,
+    opts: TritonOptions,
+    /// Size of the dimension each axis splits.
+    axis_dim: BTreeMap<String, DimBase>,
+}
+
+/// Emits a module for the candidates: one kernel per region, one host function per candidate.
+pub fn emit_module(
+    module: &Module,
+    funcs: &[&Function],
+    opts: TritonOptions,
+) -> Result<(String, Vec<String>), (NodeId, String, String)> {
+    let mut out = String::new();
+    let mut host_names = Vec::new();
+    out.push_str("# Generated by efopt. Kernels take block sizes as constexprs; each host\n");
+    out.push_str(
+        "# function takes torch-style tensors, allocates outputs and launches in order.\n",
+    );
+    out.push_str("import triton\nimport triton.language as tl\n\n");
+    let mut names = namer();
+    let mut hosts = Vec::new();
+    for f in funcs {
+        let e =
+            emit_function(module, f, opts, &mut names).map_err(|(n, m)| (n, m, f.name.clone()))?;
+        out.push_str(&e.source);
+        hosts.push(e.host);
+        host_names.push(e.name);
+    }
+    for h in hosts {
+        out.push_str(&h);
+    }
+    Ok((out, host_names))
+}
+
+/// Every parallel axis the function names (views, stores, folds, collection extents).
+fn all_axes(f: &Function) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for n in &f.body.nodes {
+        let mut stack: Vec<&Type> = n.ty.iter().collect();
+        while let Some(t) = stack.pop() {
+            match t {
+                Type::Tensor(t) => {
+                    out.extend(t.par.axes().cloned());
+                    for d in &t.shape {
+                        if let DimBase::Extent(a) = &d.base {
+                            out.insert(a.clone());
+                        }
+                    }
+                }
+                Type::Tuple(ts) => stack.extend(ts),
+            }
+        }
+        if let ExprKind::Reduce {
+            over: ReduceOver::Parallel(a),
+            ..
+        } = &n.kind
+        {
+            out.insert(a.clone());
+        }
+    }
+    out
+}
+
+/// Axes with a block size in the schedule (those that split a dimension).
+pub fn block_axes(f: &Function) -> Vec<String> {
+    axis_dims(f).into_keys().collect()
+}
+
+fn axis_dims(f: &Function) -> BTreeMap<String, DimBase> {
+    let mut m = BTreeMap::new();
+    for n in &f.body.nodes {
+        if let ExprKind::Partition(d, a, x) = &n.kind {
+            if let Some(Type::Tensor(t)) = f.body.ty(*x) {
+                if let Ok(i) = crate::passes::typing::resolve_dim(&t.shape, d) {
+                    m.entry(a.clone()).or_insert(t.shape[i].base.clone());
+                }
+            }
+        }
+    }
+    m
+}
+
+fn base_text(b: &DimBase) -> String {
+    match b {
+        DimBase::Sym(s) => s.clone(),
+        DimBase::Lit(n) => n.to_string(),
+        DimBase::Extent(a) => format!("EXT_{a}"),
+    }
+}
+
+fn p2_name(b: &DimBase) -> String {
+    match b {
+        DimBase::Sym(s) => format!("P_{s}"),
+        DimBase::Lit(n) => (n.max(&16).next_power_of_two()).to_string(),
+        DimBase::Extent(a) => format!("P_EXT_{a}"),
+    }
+}
+
+pub fn emit_function(
+    module: &Module,
+    f: &Function,
+    opts: TritonOptions,
+    names: &mut Namer,
+) -> Result<Emitted, (NodeId, String)> {
+    let g = kernel_graph(f).map_err(|e| match e {
+        LowerError::Unsupported { node, message } => (node, message),
+        LowerError::NoLaunchOrder => (NodeId(0), e.to_string()),
+    })?;
+    let ctx = Ctx {
+        module,
+        f,
+        g: &g,
+        opts,
+        axis_dim: axis_dims(f),
+    };
+    let fname = names.fresh(&ident(&f.name));
+    // Buffers: inputs by position, intermediates and results.
+    let body = &f.body;
+    let mut buffer: HashMap<NodeId, String> = HashMap::new();
+    let mut host_names = namer();
+    let mut params = Vec::new();
+    for (i, p) in body.params.iter().enumerate() {
+        let base = body.nodes[p.index()]
+            .name
+            .clone()
+            .unwrap_or_else(|| format!("in{i}"));
+        let n = host_names.fresh(&ident(&base));
+        buffer.insert(*p, n.clone());
+        params.push(n);
+    }
+    let mut source = String::new();
+    let mut host = String::new();
+    let mut launches = Vec::new();
+    let mut allocs = Vec::new();
+    let used_axes: BTreeSet<String> = all_axes(f);
+    for (ki, k) in g.kernels.iter().enumerate() {
+        for o in &k.outputs {
+            if buffer.contains_key(o) {
+                continue;
+            }
+            let Some(Type::Tensor(t)) = body.ty(*o) else {
+                return Err((
+                    *o,
+                    "a kernel writes a tuple; only tensors can be stored".into(),
+                ));
+            };
+            let pos = body.results.iter().position(|r| r == o);
+            let n = host_names.fresh(&match pos {
+                Some(p) => format!("out{p}"),
+                None => "tmp".to_string(),
+            });
+            let shape: Vec<String> = t.shape.iter().map(|d| base_text(&d.base)).collect();
+            allocs.push(format!(
+                "    {n} = empty(({},), \"{}\", {})\n",
+                shape.join(", "),
+                dtype_host(t.dtype),
+                params.first().cloned().unwrap_or_else(|| "None".into())
+            ));
+            buffer.insert(*o, n);
+        }
+        let kname = names.fresh(&format!("{fname}_k{ki}"));
+        let (src, args, grid) = emit_kernel(&ctx, k, &kname, &buffer)?;
+
+        source.push_str(&src);
+        launches.push(format!(
+            "    {kname}[({grid},)]({}, num_warps=sched[\"num_warps\"], num_stages=sched[\"num_stages\"])\n",
+            args.join(", ")
+        ));
+    }
+    // Host function.
+    let _ = writeln!(
+        host,
+        "def {fname}({}, *, schedule=None, empty=None):",
+        params.join(", ")
+    );
+    let _ = writeln!(
+        host,
+        "    \"\"\"Candidate `{}`: {} kernel(s). `schedule` overrides block sizes\n    (BLOCK_<axis>), num_warps and num_stages; `empty(shape, dtype_name, like)` allocates\n    (torch.empty by default).\"\"\"",
+        f.name,
+        g.kernels.len()
+    );
+    host.push_str("    if empty is None:\n        import torch\n\n        def empty(shape, dtype, like):\n            return torch.empty(shape, dtype=getattr(torch, dtype), device=like.device)\n\n");
+    let mut sched: Vec<String> = used_axes
+        .iter()
+        .filter(|a| ctx.axis_dim.contains_key(*a))
+        .map(|a| format!("\"BLOCK_{a}\": 16"))
+        .collect();
+    sched.push("\"num_warps\": 4".into());
+    sched.push("\"num_stages\": 2".into());
+    let _ = writeln!(host, "    sched = {{{}}}", sched.join(", "));
+    host.push_str("    sched.update(schedule or {})\n");
+    // Sizes from the inputs' shapes; the `where` values otherwise.
+    let mut bound: BTreeSet<String> = BTreeSet::new();
+    for (p, name) in body.params.iter().zip(&params) {
+        if let Some(Type::Tensor(t)) = body.ty(*p) {
+            for (i, d) in t.shape.iter().enumerate() {
+                if let DimBase::Sym(s) = &d.base {
+                    if bound.insert(s.clone()) {
+                        let _ = writeln!(host, "    {s} = {name}.shape[{i}]");
+                    } else {
+                        let _ = writeln!(
+                            host,
+                            "    assert {name}.shape[{i}] == {s}, \"{name}: dimension {i} must be {s}\""
+                        );
+                    }
+                }
+            }
+        }
+    }
+    for b in &f.bindings {
+        if !bound.contains(&b.name) {
+            let _ = writeln!(host, "    {} = {}", b.name, b.value);
+        }
+        let _ = writeln!(
+            host,
+            "    P_{0} = max(16, triton.next_power_of_2({0}))",
+            b.name
+        );
+    }
+    for a in &used_axes {
+        if let Some(d) = ctx.axis_dim.get(a) {
+            let _ = writeln!(
+                host,
+                "    EXT_{a} = triton.cdiv({}, sched[\"BLOCK_{a}\"])",
+                base_text(d)
+            );
+        } else {
+            let _ = writeln!(host, "    EXT_{a} = 1");
+        }
+        let _ = writeln!(
+            host,
+            "    P_EXT_{a} = max(16, triton.next_power_of_2(EXT_{a}))"
+        );
+    }
+    for a in allocs {
+        host.push_str(&a);
+    }
+    for l in launches {
+        host.push_str(&l);
+    }
+    let results: Vec<String> = body
+        .results
+        .iter()
+        .map(|r| buffer.get(r).cloned().unwrap_or_else(|| "None".to_string()))
+        .collect();
+    let _ = writeln!(host, "    return ({},)\n\n", results.join(", "));
+    Ok(Emitted {
+        name: fname,
+        source,
+        graph: g.clone(),
+        host,
+    })
+}
+
+struct KernelEmitter<'c, 'a> {
+    ctx: &'c Ctx<'a>,
+    kernel: &'c Kernel,
+    names: Namer,
+    outer: Vec<String>,
+    inner: Option<(String, Vec<String>, HashMap<NodeId, Val>)>,
+    memo: HashMap<NodeId, Val>,
+    ptr: BTreeMap<NodeId, String>,
+    buffer: &'c HashMap<NodeId, String>,
+    in_kernel: BTreeSet<NodeId>,
+    folds_done: BTreeSet<NodeId>,
+    /// Operand dtypes of the matrix product being emitted (unknown in reducer bodies: f32).
+    dot_dtypes: Option<(DType, DType)>,
+}
+
+fn emit_kernel(
+    ctx: &Ctx,
+    k: &Kernel,
+    kname: &str,
+    buffer: &HashMap<NodeId, String>,
+) -> Result<(String, Vec<String>, String), (NodeId, String)> {
+    let mut e = KernelEmitter {
+        ctx,
+        kernel: k,
+        names: namer(),
+        outer: Vec::new(),
+        inner: None,
+        memo: HashMap::new(),
+        ptr: BTreeMap::new(),
+        buffer,
+        in_kernel: k.nodes.iter().copied().collect(),
+        folds_done: BTreeSet::new(),
+        dot_dtypes: None,
+    };
+    for b in &ctx.f.bindings {
+        e.names.reserve(&b.name);
+        e.names.reserve(&format!("P_{}", b.name));
+    }
+    for a in k.grid_axes.iter().chain(&k.loop_axes) {
+        for p in ["BLOCK_", "EXT_", "P_EXT_", "c_", "o_", "m_"] {
+            e.names.reserve(&format!("{p}{a}"));
+        }
+    }
+    // Grid coordinates from one flattened program id.
+    e.outer.push("pid = tl.program_id(0)".into());
+    e.names.reserve("pid");
+    for a in &k.grid_axes {
+        e.outer.push(format!("c_{a} = pid % EXT_{a}"));
+        e.outer.push(format!("pid = pid // EXT_{a}"));
+        e.axis_offsets(a, false);
+    }
+    for o in &k.outputs {
+        e.store(*o)?;
+    }
+    // Signature.
+    let mut sig = Vec::new();
+    let mut args = Vec::new();
+    for (node, p) in &e.ptr {
+        sig.push(p.clone());
+        args.push(buffer.get(node).cloned().unwrap_or_else(|| "None".into()));
+    }
+    for b in &ctx.f.bindings {
+        sig.push(b.name.clone());
+        args.push(b.name.clone());
+    }
+    let axes_set = all_axes(ctx.f);
+    let axes: Vec<&String> = axes_set.iter().collect();
+    for a in &axes {
+        sig.push(format!("EXT_{a}"));
+        args.push(format!("EXT_{a}"));
+    }
+    for b in &ctx.f.bindings {
+        sig.push(format!("P_{}: tl.constexpr", b.name));
+        args.push(format!("P_{0}=P_{0}", b.name));
+    }
+    for a in &axes {
+        sig.push(format!("P_EXT_{a}: tl.constexpr"));
+        args.push(format!("P_EXT_{a}=P_EXT_{a}"));
+        if ctx.axis_dim.contains_key(*a) {
+            sig.push(format!("BLOCK_{a}: tl.constexpr"));
+            args.push(format!("BLOCK_{a}=sched[\"BLOCK_{a}\"]"));
+        } else {
+            sig.push(format!("BLOCK_{a}: tl.constexpr"));
+            args.push(format!("BLOCK_{a}=1"));
+        }
+    }
+    let mut src = String::new();
+    let what = if k.default_tiled {
+        "default tiling of a tensor-level operator"
+    } else {
+        "tiled region"
+    };
+    let _ = writeln!(
+        src,
+        "@triton.jit\ndef {kname}({}):\n    # {what}; grid axes: [{}]; loop axes: [{}]",
+        sig.join(", "),
+        k.grid_axes.join(", "),
+        k.loop_axes.join(", ")
+    );
+    for l in &e.outer {
+        let _ = writeln!(src, "    {l}");
+    }
+    src.push('\n');
+    let grid = if k.grid_axes.is_empty() {
+        "1".to_string()
+    } else {
+        k.grid_axes
+            .iter()
+            .map(|a| format!("EXT_{a}"))
+            .collect::<Vec<_>>()
+            .join(" * ")
+    };
+    Ok((src, args, grid))
+}
+
+impl KernelEmitter<'_, '_> {
+    fn line(&mut self, inner: bool, l: String) {
+        match (&mut self.inner, inner) {
+            (Some((_, lines, _)), true) => lines.push(l),
+            _ => self.outer.push(l),
+        }
+    }
+
+    fn tmp(&mut self, base: &str) -> String {
+        self.names.fresh(base)
+    }
+
+    /// Defines `o_<axis>`/`m_<axis>` for the coordinate `c_<axis>`.
+    fn axis_offsets(&mut self, a: &str, inner: bool) {
+        match self.ctx.axis_dim.get(a) {
+            Some(d) => {
+                let size = base_text(d);
+                self.line(
+                    inner,
+                    format!("o_{a} = c_{a} * BLOCK_{a} + tl.arange(0, BLOCK_{a})"),
+                );
+                self.line(inner, format!("m_{a} = o_{a} < {size}"));
+            }
+            None => {
+                self.line(inner, format!("o_{a} = tl.arange(0, 1)"));
+                self.line(inner, format!("m_{a} = o_{a} < 1"));
+            }
+        }
+    }
+
+    fn loop_axis(&self) -> Option<&str> {
+        self.inner.as_ref().map(|(a, _, _)| a.as_str())
+    }
+
+    /// Whether a value lives inside the open loop (its type has the loop axis).
+    fn inner_scope(&self, id: NodeId) -> bool {
+        let Some(a) = self.loop_axis() else {
+            return false;
+        };
+        has_axis(self.ctx.f.body.ty(id), a)
+    }
+
+    fn dims_of(&self, t: &TensorType) -> Vec<BlockDim> {
+        t.shape
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let split = t
+                    .par
+                    .0
+                    .iter()
+                    .find(|(_, k)| **k == ParKind::Partition(i))
+                    .map(|(a, _)| a.clone())
+                    .or_else(|| d.splits.last().cloned());
+                let name = match &d.base {
+                    DimBase::Sym(s) => Some(s.clone()),
+                    _ => None,
+                };
+                match (split, &d.base) {
+                    (Some(a), _) => BlockDim {
+                        len: format!("BLOCK_{a}"),
+                        offs: format!("o_{a}"),
+                        mask: Some(format!("m_{a}")),
+                        name,
+                    },
+                    (None, DimBase::Lit(1)) => BlockDim {
+                        len: "1".into(),
+                        offs: "tl.arange(0, 1)".into(),
+                        mask: None,
+                        name,
+                    },
+                    (None, b) => {
+                        let p = p2_name(b);
+                        BlockDim {
+                            len: p.clone(),
+                            offs: format!("tl.arange(0, {p})"),
+                            mask: Some(format!("(tl.arange(0, {p}) < {})", base_text(b))),
+                            name,
+                        }
+                    }
+                }
+            })
+            .collect()
+    }
+
+    fn ptr_of(&mut self, node: NodeId) -> Result<String, (NodeId, String)> {
+        if let Some(p) = self.ptr.get(&node) {
+            return Ok(p.clone());
+        }
+        let Some(host) = self.buffer.get(&node) else {
+            return Err((
+                node,
+                "a kernel reads a value no earlier kernel stores".into(),
+            ));
+        };
+        let p = self.names.fresh(&format!("{}_ptr", ident(host)));
+        self.ptr.insert(node, p.clone());
+        Ok(p)
+    }
+
+    /// Row-major strides of a tensor-level shape, as expressions.
+    fn strides(shape: &[Dim]) -> Vec<String> {
+        let mut s = vec!["1".to_string(); shape.len()];
+        for i in (0..shape.len().saturating_sub(1)).rev() {
+            s[i] = format!("{} * {}", s[i + 1], base_text(&shape[i + 1].base));
+        }
+        s
+    }
+
+    fn address(
+        &mut self,
+        base: NodeId,
+        shape: &[Dim],
+        dims: &[BlockDim],
+        leading: Option<String>,
+    ) -> Result<String, (NodeId, String)> {
+        let p = self.ptr_of(base)?;
+        let strides = Self::strides(shape);
+        let rank = dims.len();
+        let mut terms = vec![p];
+        let skip = usize::from(leading.is_some());
+        if let Some(l) = leading {
+            terms.push(format!("({l}) * ({})", strides[0]));
+        }
+        for (i, d) in dims.iter().enumerate() {
+            let s = strides.get(i + skip).cloned().unwrap_or_else(|| "1".into());
+            terms.push(format!("({}){} * ({s})", d.offs, index_for(rank, i)));
+        }
+        Ok(terms.join(" + "))
+    }
+
+    /// A value: loads, constants, operators; folds open loops.
+    fn value(&mut self, id: NodeId) -> Result<Val, (NodeId, String)> {
+        let inner = self.inner_scope(id);
+        if inner {
+            if let Some((_, _, memo)) = &self.inner {
+                if let Some(v) = memo.get(&id) {
+                    return Ok(v.clone());
+                }
+            }
+        } else if let Some(v) = self.memo.get(&id) {
+            return Ok(v.clone());
+        }
+        let v = self.compute(id, inner)?;
+        let v = match v {
+            Val::Tile { expr, dims } if !is_simple(&expr) => {
+                let name = self.f_name(id);
+                self.line(inner, format!("{name} = {expr}"));
+                Val::Tile { expr: name, dims }
+            }
+            other => other,
+        };
+        if inner {
+            if let Some((_, _, memo)) = &mut self.inner {
+                memo.insert(id, v.clone());
+            }
+        } else {
+            self.memo.insert(id, v.clone());
+        }
+        Ok(v)
+    }
+
+    fn f_name(&mut self, id: NodeId) -> String {
+        let base = self.ctx.f.body.nodes[id.index()]
+            .name
+            .clone()
+            .unwrap_or_else(|| "t".into());
+        self.tmp(&ident(&base))
+    }
+
+    fn compute(&mut self, id: NodeId, inner: bool) -> Result<Val, (NodeId, String)> {
+        let body = &self.ctx.f.body;
+        let node = &body.nodes[id.index()];
+        let err = |m: &str| (id, m.to_string());
+        // Loads: views of a tensor-level value.
+        if let Some(base) = self.ctx.g.load_base[id.index()] {
+            let Some(Type::Tensor(t)) = node.ty.as_ref() else {
+                return Err(err("a view of a tuple"));
+            };
+            let dims = self.dims_of(t);
+            return self.load(base, t, dims, id);
+        }
+        let tensor_level_read = !self.in_kernel.contains(&id) && !tiled(node.ty.as_ref());
+        if tensor_level_read && !self.ctx.g.constant[id.index()] {
+            // A stored value read whole.
+            let Some(Type::Tensor(t)) = node.ty.as_ref() else {
+                return Err(err("a kernel reads a stored tuple whole"));
+            };
+            let dims = self.dims_of(t);
+            return self.load(id, t, dims, id);
+        }
+        let ops: Vec<NodeId> = node.kind.operands();
+        // A replicated tile computed in the kernel is the same block at every coordinate.
+        if let ExprKind::Replicate(_, x) = &node.kind {
+            return self.value(*x);
+        }
+        if let ExprKind::Reduce {
+            over: ReduceOver::Parallel(a),
+            ..
+        } = &node.kind
+        {
+            if self.loop_axis().is_some() {
+                return Err(err(
+                    "a fold inside another fold's loop (nested loop axes) is not lowered yet",
+                ));
+            }
+            if !self.kernel.loop_axes.contains(a) {
+                return Err(err("a fold over an axis that is not a loop axis"));
+            }
+            return self.fold_group(id, a.clone());
+        }
+        let mut vals = Vec::new();
+        for o in &ops {
+            vals.push(self.value(*o)?);
+        }
+        let ty = node.ty.clone();
+        let annot = node.annot.clone();
+        let mut kind = node.kind.clone();
+        // `get[name]` of a fold: the field's position in the reducer's state.
+        if let ExprKind::Get(FieldRef::Name(n), x) = &kind {
+            if let ExprKind::Reduce {
+                reducer: ReducerRef::User(r),
+                ..
+            } = &body.nodes[x.index()].kind
+            {
+                if let Some(i) = self
+                    .ctx
+                    .module
+                    .reducer(r)
+                    .and_then(|d| d.state.iter().position(|s| s == n))
+                {
+                    kind = ExprKind::Get(FieldRef::Index(i), *x);
+                }
+            }
+        }
+        let reducer_dims = |d: &DimRef, dims: &[BlockDim]| -> Option<usize> {
+            match d {
+                DimRef::Index(i) => Some(*i),
+                DimRef::Name(n) => dims.iter().position(|b| b.name.as_deref() == Some(n)),
+            }
+        };
+        let _ = inner;
+        self.dot_dtypes = match &kind {
+            ExprKind::TileMatMul { a, b, .. } | ExprKind::MatMul { a, b, .. } => {
+                match (body.ty(*a), body.ty(*b)) {
+                    (Some(Type::Tensor(x)), Some(Type::Tensor(y))) => Some((x.dtype, y.dtype)),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        self.op(&kind, vals, ty.as_ref().or(annot.as_ref()), &reducer_dims)
+            .map_err(|m| (id, m))
+    }
+
+    fn load(
+        &mut self,
+        base: NodeId,
+        _t: &TensorType,
+        dims: Vec<BlockDim>,
+        at: NodeId,
+    ) -> Result<Val, (NodeId, String)> {
+        let body = &self.ctx.f.body;
+        let bnode = &body.nodes[base.index()];
+        if self.ctx.g.constant[base.index()] {
+            // A view of a constant expression: the constant on the tile.
+            return match &bnode.kind {
+                ExprKind::Constant(v) => Ok(Val::Tile {
+                    expr: float_lit(*v),
+                    dims: vec![],
+                }),
+                ExprKind::Fill(v) => Ok(Val::Tile {
+                    expr: format!(
+                        "tl.full([{}], {}, tl.float32)",
+                        dims.iter()
+                            .map(|d| d.len.clone())
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        float_lit(*v)
+                    ),
+                    dims,
+                }),
+                ExprKind::Iota(d) => {
+                    let i = match d {
+                        DimRef::Index(i) => *i,
+                        DimRef::Name(n) => dims
+                            .iter()
+                            .position(|b| b.name.as_deref() == Some(n))
+                            .unwrap_or(0),
+                    };
+                    let rank = dims.len();
+                    Ok(Val::Tile {
+                        expr: format!(
+                            "({}){}.to(tl.float32)",
+                            dims.get(i).map(|d| d.offs.clone()).unwrap_or_default(),
+                            index_for(rank, i)
+                        ),
+                        dims,
+                    })
+                }
+                _ => Err((at, "a view of a computed constant expression".into())),
+            };
+        }
+        let Some(Type::Tensor(bt)) = bnode.ty.as_ref() else {
+            return Err((at, "a load of a tuple".into()));
+        };
+        if bt.shape.len() != dims.len() {
+            return Err((
+                at,
+                "a load whose tile rank differs from the tensor's".into(),
+            ));
+        }
+        let addr = self.address(base, &bt.shape.clone(), &dims, None)?;
+        let mask = mask_all(&dims);
+        let expr = match mask {
+            Some(m) => format!("tl.load({addr}, mask={m}, other=0.0).to(tl.float32)"),
+            None => format!("tl.load({addr}).to(tl.float32)"),
+        };
+        Ok(Val::Tile { expr, dims })
+    }
+
+    /// Folds over loop axis `a`: `id` and every other pending fold over `a` that neither
+    /// depends on a pending fold nor is needed by one, in one loop with loop-carried state.
+    fn fold_group(&mut self, id: NodeId, a: String) -> Result<Val, (NodeId, String)> {
+        let body = &self.ctx.f.body;
+        let pending: Vec<NodeId> = self
+            .kernel
+            .nodes
+            .iter()
+            .copied()
+            .filter(|n| {
+                !self.folds_done.contains(n)
+                    && matches!(&body.nodes[n.index()].kind,
+                        ExprKind::Reduce { over: ReduceOver::Parallel(b), .. } if *b == a)
+            })
+            .collect();
+        let deps = |n: NodeId| fold_deps(body, n, &pending);
+        let id_deps = deps(id);
+        let mut group = vec![id];
+        for m in &pending {
+            if *m != id && deps(*m).is_empty() && !id_deps.contains(m) {
+                group.push(*m);
+            }
+        }
+        // Values the loop body reads from outside the loop come first (they may need
+        // earlier loops).
+        for m in &group {
+            if let ExprKind::Reduce { input, .. } = &body.nodes[m.index()].kind {
+                self.outside_operands(*input, &a)?;
+            }
+        }
+        // Operands outside the loop first (they may open earlier loops).
+        let mut inits: Vec<Vec<(String, Vec<BlockDim>)>> = Vec::new();
+        for m in &group {
+            let node = &body.nodes[m.index()];
+            let ExprKind::Reduce { reducer, .. } = &node.kind else {
+                continue;
+            };
+            let types: Vec<TensorType> = match node.ty.as_ref() {
+                Some(Type::Tensor(t)) => vec![t.clone()],
+                Some(Type::Tuple(ts)) => ts.iter().filter_map(|t| t.as_tensor().cloned()).collect(),
+                None => return Err((*m, "an untyped fold".into())),
+            };
+            let init: Vec<f64> = match reducer {
+                ReducerRef::Builtin(r) => vec![builtin_identity(*r)],
+                ReducerRef::User(n) => match self.ctx.module.reducer(n) {
+                    Some(def) => def.init.clone(),
+                    None => return Err((*m, format!("unknown reducer @{n}"))),
+                },
+            };
+            let mut states = Vec::new();
+            for (i, t) in types.iter().enumerate() {
+                let dims = self.dims_of(t);
+                let name = self.tmp(&format!("acc{i}"));
+                let lens: Vec<String> = dims.iter().map(|d| d.len.clone()).collect();
+                self.line(
+                    false,
+                    format!(
+                        "{name} = tl.full([{}], {}, tl.float32)",
+                        lens.join(", "),
+                        float_lit(init.get(i).copied().unwrap_or(0.0))
+                    ),
+                );
+                states.push((name, dims));
+            }
+            inits.push(states);
+        }
+        self.inner = Some((a.clone(), Vec::new(), HashMap::new()));
+        self.axis_offsets(&a, true);
+        for (m, states) in group.iter().zip(&inits) {
+            let node = &body.nodes[m.index()];
+            let ExprKind::Reduce { input, reducer, .. } = node.kind.clone() else {
+                continue;
+            };
+            let item = self.value(input)?;
+            let state_vals: Vec<Val> = states
+                .iter()
+                .map(|(n, d)| Val::Tile {
+                    expr: n.clone(),
+                    dims: d.clone(),
+                })
+                .collect();
+            let next: Vec<Val> = match &reducer {
+                ReducerRef::Builtin(r) => {
+                    let (s, _) = state_vals[0].tile().map_err(|e| (*m, e))?;
+                    let (x, _) = item.tile().map_err(|e| (*m, e))?;
+                    let e = match r {
+                        BuiltinReducer::Add => format!("{s} + {x}"),
+                        BuiltinReducer::Mul => format!("{s} * {x}"),
+                        BuiltinReducer::Max => format!("tl.maximum({s}, {x})"),
+                        BuiltinReducer::Min => format!("tl.minimum({s}, {x})"),
+                    };
+                    vec![Val::Tile {
+                        expr: e,
+                        dims: states[0].1.clone(),
+                    }]
+                }
+                ReducerRef::User(n) => {
+                    let Some(def) = self.ctx.module.reducer(n) else {
+                        return Err((*m, format!("unknown reducer @{n}")));
+                    };
+                    let items = match item {
+                        Val::Tuple(v) => v,
+                        t => vec![t],
+                    };
+                    let mut args = state_vals.clone();
+                    args.extend(items);
+                    match self.inline_reducer(def, args).map_err(|e| (*m, e))? {
+                        Val::Tuple(v) => v,
+                        t => vec![t],
+                    }
+                }
+            };
+            // Evaluate every new state before assigning any (they read the old ones).
+            let mut fresh = Vec::new();
+            for v in next {
+                let (e, _) = v.tile().map_err(|e| (*m, e))?;
+                let t = self.tmp("nxt");
+                self.line(true, format!("{t} = {e}"));
+                fresh.push(t);
+            }
+            for ((s, _), t) in states.iter().zip(fresh) {
+                self.line(true, format!("{s} = {t}"));
+            }
+        }
+        let Some((_, lines, _)) = self.inner.take() else {
+            return Err((id, "loop state lost".into()));
+        };
+        self.outer.push(format!("for c_{a} in range(0, EXT_{a}):"));
+        for l in lines {
+            self.outer.push(format!("    {l}"));
+        }
+        let mut result = None;
+        for (m, states) in group.iter().zip(inits) {
+            self.folds_done.insert(*m);
+            let vals: Vec<Val> = states
+                .into_iter()
+                .map(|(n, d)| Val::Tile { expr: n, dims: d })
+                .collect();
+            let v = if matches!(body.nodes[m.index()].ty, Some(Type::Tuple(_))) {
+                Val::Tuple(vals)
+            } else {
+                vals.into_iter().next().unwrap_or(Val::Tuple(vec![]))
+            };
+            if *m == id {
+                result = Some(v.clone());
+            } else {
+                self.memo.insert(*m, v);
+            }
+        }
+        result.ok_or((id, "fold lost".into()))
+    }
+
+    /// Emits, outside the loop over `a`, every value below `n` that does not vary along `a`.
+    fn outside_operands(&mut self, n: NodeId, a: &str) -> Result<(), (NodeId, String)> {
+        let body = &self.ctx.f.body;
+        let mut seen = BTreeSet::new();
+        let mut stack = vec![n];
+        let mut outside = Vec::new();
+        while let Some(c) = stack.pop() {
+            if !seen.insert(c) {
+                continue;
+            }
+            if has_axis(body.ty(c), a) {
+                if self.ctx.g.load_base[c.index()].is_none() {
+                    stack.extend(body.nodes[c.index()].kind.operands());
+                }
+            } else {
+                outside.push(c);
+            }
+        }
+        outside.sort();
+        for c in outside {
+            self.value(c)?;
+        }
+        Ok(())
+    }
+
+    /// A reducer body on tiles, inline.
+    fn inline_reducer(&mut self, def: &ReducerDef, args: Vec<Val>) -> Result<Val, String> {
+        let b = &def.body;
+        let mut vals: Vec<Option<Val>> = vec![None; b.nodes.len()];
+        for (p, a) in b.params.iter().zip(args) {
+            vals[p.index()] = Some(a);
+        }
+        for (i, node) in b.nodes.iter().enumerate() {
+            if vals[i].is_some() {
+                continue;
+            }
+            let ops: Vec<Val> = node
+                .kind
+                .operands()
+                .iter()
+                .map(|o| vals[o.index()].clone().ok_or("reducer operand missing"))
+                .collect::<Result<_, _>>()?;
+            let resolve = |d: &DimRef, dims: &[BlockDim]| -> Option<usize> {
+                match d {
+                    DimRef::Index(i) => Some(*i),
+                    DimRef::Name(n) => dims.iter().position(|b| b.name.as_deref() == Some(n)),
+                }
+            };
+            let v = self.op(&node.kind, ops, node.annot.as_ref(), &resolve)?;
+            let v = match v {
+                Val::Tile { expr, dims } if !is_simple(&expr) => {
+                    let name =
+                        self.tmp(&node.name.clone().map(|n| ident(&n)).unwrap_or("r".into()));
+                    self.line(true, format!("{name} = {expr}"));
+                    Val::Tile { expr: name, dims }
+                }
+                v => v,
+            };
+            vals[i] = Some(v);
+        }
+        let results: Vec<Val> = b
+            .results
+            .iter()
+            .map(|r| vals[r.index()].clone().ok_or("reducer result missing"))
+            .collect::<Result<_, _>>()?;
+        Ok(if results.len() == 1 {
+            results.into_iter().next().unwrap_or(Val::Tuple(vec![]))
+        } else {
+            Val::Tuple(results)
+        })
+    }
+
+    fn op(
+        &mut self,
+        kind: &ExprKind,
+        vals: Vec<Val>,
+        ty: Option<&Type>,
+        resolve: &dyn Fn(&DimRef, &[BlockDim]) -> Option<usize>,
+    ) -> Result<Val, String> {
+        let tile = |i: usize| -> Result<(String, Vec<BlockDim>), String> {
+            let (e, d) = vals.get(i).ok_or("missing operand")?.tile()?;
+            Ok((e.to_string(), d.to_vec()))
+        };
+        Ok(match kind {
+            ExprKind::Constant(v) => Val::Tile {
+                expr: float_lit(*v),
+                dims: vec![],
+            },
+            ExprKind::Fill(v) => {
+                let Some(Type::Tensor(t)) = ty else {
+                    return Err("fill without a type".into());
+                };
+                let dims = self.dims_of(t);
+                let lens: Vec<String> = dims.iter().map(|d| d.len.clone()).collect();
+                Val::Tile {
+                    expr: format!(
+                        "tl.full([{}], {}, tl.float32)",
+                        lens.join(", "),
+                        float_lit(*v)
+                    ),
+                    dims,
+                }
+            }
+            ExprKind::Tuple(_) => Val::Tuple(vals),
+            ExprKind::Get(field, _) => {
+                let i = match field {
+                    FieldRef::Index(i) => *i,
+                    FieldRef::Name(_) => return Err("a named field outside a reducer".into()),
+                };
+                match vals.into_iter().next() {
+                    Some(Val::Tuple(v)) => v.get(i).cloned().ok_or("field out of range")?,
+                    _ => return Err("get on a tile".into()),
+                }
+            }
+            ExprKind::Unary(u, _) => {
+                let (x, dims) = tile(0)?;
+                let expr = match u {
+                    UnaryOp::Exp => format!("tl.exp({x})"),
+                    UnaryOp::Log => format!("tl.log({x})"),
+                    UnaryOp::Sqrt => format!("tl.sqrt({x})"),
+                    UnaryOp::Rsqrt => format!("tl.rsqrt({x})"),
+                    UnaryOp::Reciprocal => format!("(1.0 / {x})"),
+                    UnaryOp::Neg => format!("(-{x})"),
+                    UnaryOp::Abs => format!("tl.abs({x})"),
+                    UnaryOp::Tanh => format!("(2.0 * tl.sigmoid(2.0 * {x}) - 1.0)"),
+                    UnaryOp::Sigmoid => format!("tl.sigmoid({x})"),
+                    UnaryOp::Silu => format!("({x} * tl.sigmoid({x}))"),
+                    UnaryOp::Gelu => {
+                        format!("(0.5 * {x} * (1.0 + tl.erf({x} * 0.7071067811865476)))")
+                    }
+                    UnaryOp::Square => format!("({x} * {x})"),
+                };
+                Val::Tile { expr, dims }
+            }
+            ExprKind::Binary(b, _, _) => {
+                let ((x, dx), (y, dy)) = (tile(0)?, tile(1)?);
+                let dims = broadcast(&[&dx, &dy]);
+                let expr = match b {
+                    BinaryOp::Add => format!("({x} + {y})"),
+                    BinaryOp::Subtract => format!("({x} - {y})"),
+                    BinaryOp::Multiply => format!("({x} * {y})"),
+                    BinaryOp::Divide => format!("({x} / {y})"),
+                    BinaryOp::Maximum => format!("tl.maximum({x}, {y})"),
+                    BinaryOp::Minimum => format!("tl.minimum({x}, {y})"),
+                    BinaryOp::Pow => format!("tl.exp({y} * tl.log({x}))"),
+                    BinaryOp::Less => format!("({x} < {y})"),
+                    BinaryOp::LessEqual => format!("({x} <= {y})"),
+                    BinaryOp::Greater => format!("({x} > {y})"),
+                    BinaryOp::GreaterEqual => format!("({x} >= {y})"),
+                    BinaryOp::Equal => format!("({x} == {y})"),
+                    BinaryOp::NotEqual => format!("({x} != {y})"),
+                    BinaryOp::And => format!("({x} & {y})"),
+                    BinaryOp::Or => format!("({x} | {y})"),
+                };
+                Val::Tile { expr, dims }
+            }
+            ExprKind::Select(..) => {
+                let ((c, dc), (x, dx), (y, dy)) = (tile(0)?, tile(1)?, tile(2)?);
+                Val::Tile {
+                    expr: format!("tl.where({c}, {x}, {y})"),
+                    dims: broadcast(&[&dc, &dx, &dy]),
+                }
+            }
+            ExprKind::Cast(d, _) => {
+                let (x, dims) = tile(0)?;
+                let expr = match d {
+                    DType::BF16 | DType::F16 => {
+                        format!("{x}.to({}).to(tl.float32)", dtype_tl(*d))
+                    }
+                    DType::F32 => format!("{x}.to(tl.float32)"),
+                    DType::I32 => format!("{x}.to(tl.int32)"),
+                    DType::I1 => format!("({x} != 0)"),
+                };
+                Val::Tile { expr, dims }
+            }
+            ExprKind::Transpose(perm, _) => {
+                let (x, dims) = tile(0)?;
+                let new: Vec<BlockDim> = perm
+                    .iter()
+                    .map(|p| dims.get(*p).cloned().ok_or("bad permutation"))
+                    .collect::<Result<_, _>>()?;
+                let expr = if perm.as_slice() == [1, 0] {
+                    format!("tl.trans({x})")
+                } else {
+                    format!(
+                        "tl.permute({x}, ({}))",
+                        perm.iter().map(|p| format!("{p},")).collect::<String>()
+                    )
+                };
+                Val::Tile { expr, dims: new }
+            }
+            ExprKind::TileMatMul { .. } | ExprKind::MatMul { .. } => {
+                let ((a, da), (b, db)) = (tile(0)?, tile(1)?);
+                if da.len() != 2 || db.len() != 2 {
+                    return Err("a matrix product of rank other than 2 is not lowered yet".into());
+                }
+                let a = match &da[1].mask {
+                    Some(m) => format!("tl.where({m}[None, :], {a}, 0.0)"),
+                    None => a,
+                };
+                let b = match &db[0].mask {
+                    Some(m) => format!("tl.where({m}[:, None], {b}, 0.0)"),
+                    None => b,
+                };
+                // Operands in the program's dtype (bf16 feeds tensor cores); f32 under the
+                // interpreter, whose bf16 dot is wrong.
+                let (a, b) = match self.dot_dtypes.take() {
+                    Some((x, y)) if x == y && x != DType::F32 && !self.ctx.opts.interpret => (
+                        format!("{a}.to({})", dtype_tl(x)),
+                        format!("{b}.to({})", dtype_tl(y)),
+                    ),
+                    _ => (a, b),
+                };
+                Val::Tile {
+                    expr: format!("tl.dot({a}, {b}, out_dtype=tl.float32)"),
+                    dims: vec![da[0].clone(), db[1].clone()],
+                }
+            }
+            ExprKind::Reduce {
+                over: ReduceOver::Axis(d),
+                reducer,
+                keep_dims,
+                ..
+            } => {
+                let (x, dims) = tile(0)?;
+                let i = resolve(d, &dims).ok_or("a reduction over an unknown dimension")?;
+                let ReducerRef::Builtin(r) = reducer else {
+                    return Err("a user reducer over a tile dimension is not lowered yet".into());
+                };
+                let dim = dims
+                    .get(i)
+                    .ok_or("reduction dimension out of range")?
+                    .clone();
+                let x = match &dim.mask {
+                    Some(m) => format!(
+                        "tl.where({m}{}, {x}, {})",
+                        index_for(dims.len(), i),
+                        float_lit(builtin_identity(*r))
+                    ),
+                    None => x,
+                };
+                let f = match r {
+                    BuiltinReducer::Add => "tl.sum",
+                    BuiltinReducer::Max => "tl.max",
+                    BuiltinReducer::Min => "tl.min",
+                    BuiltinReducer::Mul => {
+                        return Err("a product reduction is not lowered yet".into())
+                    }
+                };
+                let mut out = dims.clone();
+                if *keep_dims {
+                    out[i] = BlockDim {
+                        len: "1".into(),
+                        offs: "tl.arange(0, 1)".into(),
+                        mask: None,
+                        name: None,
+                    };
+                } else {
+                    out.remove(i);
+                }
+                let kd = if *keep_dims { "True" } else { "False" };
+                if dims.len() == 1 && !keep_dims {
+                    Val::Tile {
+                        expr: format!("{f}({x}, axis=0)"),
+                        dims: out,
+                    }
+                } else {
+                    Val::Tile {
+                        expr: format!("{f}({x}, axis={i}, keep_dims={kd})"),
+                        dims: out,
+                    }
+                }
+            }
+            ExprKind::Partition(..) | ExprKind::Replicate(..) => {
+                return Err("a view of a value computed in the kernel".into())
+            }
+            ExprKind::Combination(..) | ExprKind::Collection(..) => {
+                return Err("a store read inside its own kernel".into())
+            }
+            other => return Err(format!("`{}` is not lowered yet", other.op_name())),
+        })
+    }
+
+    /// Stores an output of the kernel.
+    fn store(&mut self, o: NodeId) -> Result<(), (NodeId, String)> {
+        let body = &self.ctx.f.body;
+        let node = &body.nodes[o.index()];
+        let Some(Type::Tensor(t)) = node.ty.clone() else {
+            return Err((o, "a kernel writes a tuple".into()));
+        };
+        // Peel stores: combination chains and a collection.
+        let mut cur = o;
+        let mut leading = None;
+        loop {
+            match &body.nodes[cur.index()].kind {
+                ExprKind::Combination(_, _, x) => cur = *x,
+                ExprKind::Collection(a, x) if leading.is_none() && cur == o => {
+                    leading = Some(a.clone());
+                    cur = *x;
+                }
+                _ => break,
+            }
+        }
+        let v = self.value(cur)?;
+        let (expr, dims) = v.tile().map_err(|e| (o, e))?;
+        let (expr, dims) = (expr.to_string(), dims.to_vec());
+        let want = t.shape.len() - usize::from(leading.is_some());
+        let mut dims = dims;
+        while dims.len() < want {
+            dims.insert(
+                0,
+                BlockDim {
+                    len: "1".into(),
+                    offs: "tl.arange(0, 1)".into(),
+                    mask: None,
+                    name: None,
+                },
+            );
+        }
+        if dims.len() != want {
+            return Err((
+                o,
+                "a stored tile whose rank differs from the tensor's".into(),
+            ));
+        }
+        let lens: Vec<String> = dims.iter().map(|d| d.len.clone()).collect();
+        let addr = self.address(o, &t.shape, &dims, leading.map(|a| format!("c_{a}")))?;
+        let value = format!(
+            "tl.broadcast_to({expr}, [{}]).to({})",
+            lens.join(", "),
+            dtype_tl(t.dtype)
+        );
+        match mask_all(&dims) {
+            Some(m) => self.line(false, format!("tl.store({addr}, {value}, mask={m})")),
+            None => self.line(false, format!("tl.store({addr}, {value})")),
+        }
+        Ok(())
+    }
+}
+
+fn is_simple(e: &str) -> bool {
+    e.chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
+        || e.starts_with("float(")
+}
+
+fn has_axis(t: Option<&Type>, a: &str) -> bool {
+    match t {
+        Some(Type::Tensor(t)) => t.par.0.contains_key(a),
+        Some(Type::Tuple(ts)) => ts.iter().any(|t| has_axis(Some(t), a)),
+        None => false,
+    }
+}
+
+/// The folds among `pending` that `n`'s operands depend on, transitively.
+fn fold_deps(body: &Body, n: NodeId, pending: &[NodeId]) -> Vec<NodeId> {
+    let mut seen = vec![false; body.nodes.len()];
+    let mut stack: Vec<NodeId> = body.nodes[n.index()].kind.operands();
+    let mut out = Vec::new();
+    while let Some(c) = stack.pop() {
+        if std::mem::replace(&mut seen[c.index()], true) {
+            continue;
+        }
+        if pending.contains(&c) {
+            out.push(c);
+        }
+        stack.extend(body.nodes[c.index()].kind.operands());
+    }
+    out
+}
