@@ -3,18 +3,34 @@
 //! kernel compiles for sm_90. Needs the venv from `scripts/setup-venv.sh` (the README's test
 //! command creates it).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
-#[test]
-fn extracted_candidates_run_and_compile() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+/// The number just before `what` in the `// triton-check:` summary line.
+fn count(summary: &str, what: &str) -> u64 {
+    let (head, _) = summary
+        .split_once(what)
+        .unwrap_or_else(|| panic!("`{what}` missing from {summary}"));
+    head.rsplit(|c: char| !c.is_ascii_digit())
+        .find(|w| !w.is_empty())
+        .and_then(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("no count before `{what}` in {summary}"))
+}
+
+fn venv_python(root: &Path) -> PathBuf {
     let python = root.join(".venv/bin/python");
     assert!(
         python.exists(),
         "{} is missing: run scripts/setup-venv.sh first",
         python.display()
     );
+    python
+}
+
+#[test]
+fn extracted_candidates_run_and_compile() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let python = venv_python(root);
     let small = [
         "--set", "B=4", "--set", "H=48", "--set", "F=40", "--set", "N=40", "--set", "R=16",
     ];
@@ -46,14 +62,36 @@ fn extracted_candidates_run_and_compile() {
             .find(|l| l.starts_with("// triton-check:"))
             .unwrap_or_else(|| panic!("{name}: no triton-check summary\n{stdout}\n{stderr}"));
         assert!(out.status.success(), "{name}: {summary}\n{stderr}");
-        assert!(summary.contains(" 0 failed"), "{name}: {summary}");
-        assert!(
-            !summary.contains(" 0 run(s) ok"),
-            "{name}: nothing ran: {summary}"
+        assert_eq!(count(summary, " failed"), 0, "{name}: {summary}");
+        let lowered = count(summary, " function(s) lowered");
+        assert!(lowered > 0, "{name}: nothing lowered: {summary}");
+        // Every lowered candidate ran once per block size.
+        assert_eq!(
+            count(summary, " run(s) ok"),
+            2 * lowered,
+            "{name}: {summary}"
         );
         assert!(
-            !summary.contains(" 0 kernel compilation"),
-            "{name}: nothing compiled: {summary}"
+            count(summary, " kernel compilation") > 0,
+            "{name}: {summary}"
         );
     }
+}
+
+/// The comparison is real: the lowered FlashAttention form is close to the reference but
+/// not bit-equal, so `tol=0` reports a mismatch and fails the pipeline.
+#[test]
+fn a_mismatch_fails_the_pipeline() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(env!("CARGO_BIN_EXE_efopt"))
+        .arg("--passes=triton-check{tol=0 blocks=16}")
+        .arg(root.join("examples/attention_m2.ef"))
+        .env("EFOPT_PYTHON", venv_python(root))
+        .output()
+        .expect("efopt runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(stdout.contains("MISMATCH"), "{stdout}");
+    assert!(stderr.contains("triton-check: 1 failure(s)"), "{stderr}");
 }

@@ -13,7 +13,7 @@
 
 use crate::ir::print::Namer;
 use crate::ir::*;
-use crate::lower::{kernel_graph, tiled, Kernel, KernelGraph, LowerError};
+use crate::lower::{kernel_graph, tiled, Kernel, KernelGraph};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write;
 
@@ -141,7 +141,8 @@ fn dtype_tl(d: DType) -> &'static str {
     }
 }
 
-fn dtype_host(d: DType) -> &'static str {
+/// The dtype's name in torch and in the numpy wrapper.
+pub fn dtype_host(d: DType) -> &'static str {
     match d {
         DType::BF16 => "bfloat16",
         DType::F16 => "float16",
@@ -179,7 +180,6 @@ pub struct Emitted {
     /// The host function's name.
     pub name: String,
     pub source: String,
-    pub graph: KernelGraph,
     pub host: String,
 }
 
@@ -290,10 +290,13 @@ pub fn emit_function(
     opts: TritonOptions,
     names: &mut Namer,
 ) -> Result<Emitted, (NodeId, String)> {
-    let g = kernel_graph(f).map_err(|e| match e {
-        LowerError::Unsupported { node, message } => (node, message),
-        LowerError::NoLaunchOrder => (NodeId(0), e.to_string()),
-    })?;
+    let g = kernel_graph(f);
+    if !g.launch_order {
+        return Err((
+            f.body.results.first().copied().unwrap_or(NodeId(0)),
+            "no launch order: a kernel reads a value it writes itself".into(),
+        ));
+    }
     let ctx = Ctx {
         module,
         f,
@@ -435,7 +438,6 @@ pub fn emit_function(
     Ok(Emitted {
         name: fname,
         source,
-        graph: g.clone(),
         host,
     })
 }
@@ -698,7 +700,7 @@ impl KernelEmitter<'_, '_> {
         } else if let Some(v) = self.memo.get(&id) {
             return Ok(v.clone());
         }
-        let v = self.compute(id, inner)?;
+        let v = self.compute(id)?;
         let v = match v {
             Val::Tile { expr, dims } if !is_simple(&expr) => {
                 let name = self.f_name(id);
@@ -725,7 +727,7 @@ impl KernelEmitter<'_, '_> {
         self.tmp(&ident(&base))
     }
 
-    fn compute(&mut self, id: NodeId, inner: bool) -> Result<Val, (NodeId, String)> {
+    fn compute(&mut self, id: NodeId) -> Result<Val, (NodeId, String)> {
         let body = &self.ctx.f.body;
         let node = &body.nodes[id.index()];
         let err = |m: &str| (id, m.to_string());
@@ -735,16 +737,21 @@ impl KernelEmitter<'_, '_> {
                 return Err(err("a view of a tuple"));
             };
             let dims = self.dims_of(t);
-            return self.load(base, t, dims, id);
+            return self.load(base, dims, id);
         }
-        let tensor_level_read = !self.in_kernel.contains(&id) && !tiled(node.ty.as_ref());
-        if tensor_level_read && !self.ctx.g.constant[id.index()] {
+        // Tensor-level values other kernels compute (or inputs) are read from memory;
+        // constant expressions and tuple plumbing are computed here.
+        let tensor_level_read = !self.in_kernel.contains(&id)
+            && !tiled(node.ty.as_ref())
+            && !self.ctx.g.constant[id.index()]
+            && !self.ctx.g.plumbing[id.index()];
+        if tensor_level_read {
             // A stored value read whole.
             let Some(Type::Tensor(t)) = node.ty.as_ref() else {
                 return Err(err("a kernel reads a stored tuple whole"));
             };
             let dims = self.dims_of(t);
-            return self.load(id, t, dims, id);
+            return self.load(id, dims, id);
         }
         let ops: Vec<NodeId> = node.kind.operands();
         // A replicated tile computed in the kernel is the same block at every coordinate.
@@ -796,7 +803,6 @@ impl KernelEmitter<'_, '_> {
                 DimRef::Name(n) => dims.iter().position(|b| b.name.as_deref() == Some(n)),
             }
         };
-        let _ = inner;
         self.dot_dtypes = match &kind {
             ExprKind::TileMatMul { a, b, .. } | ExprKind::MatMul { a, b, .. } => {
                 match (body.ty(*a), body.ty(*b)) {
@@ -813,7 +819,6 @@ impl KernelEmitter<'_, '_> {
     fn load(
         &mut self,
         base: NodeId,
-        _t: &TensorType,
         dims: Vec<BlockDim>,
         at: NodeId,
     ) -> Result<Val, (NodeId, String)> {

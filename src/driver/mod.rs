@@ -476,9 +476,11 @@ fn process_chunk(
         .push(("verify (on load)".into(), t0.elapsed().as_secs_f64() * 1e3));
     let original = module.clone();
     let mut pass_stats = Vec::new();
-    // Python from `lower`; report lines then become Python comments on standard output.
+    // Code from a backend pass; report lines then become `#` comments on standard output.
     let mut emitted: Option<String> = None;
-    let python_out = specs.iter().any(|s| s.name == "lower");
+    let code_out = specs
+        .iter()
+        .any(|s| registry().iter().any(|p| p.name == s.name && p.emits_code));
     for spec in specs {
         let Some(info) = registry().into_iter().find(|p| p.name == spec.name) else {
             continue; // rejected when the pipeline was parsed
@@ -511,7 +513,7 @@ fn process_chunk(
         if !report.is_empty() {
             let mut stdout = std::io::stdout().lock();
             for line in report {
-                if python_out {
+                if code_out {
                     let _ = writeln!(stdout, "#{}", line.trim_start_matches('/'));
                 } else {
                     let _ = writeln!(stdout, "{line}");

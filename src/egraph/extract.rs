@@ -24,6 +24,7 @@
 use super::graph::TypedEGraph;
 use super::lang::{ENode, Op};
 use crate::ir::{BinaryOp, Body, ExprKind, Function, Node, NodeId, Type};
+use crate::lower::tiled;
 use egg::Id;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
@@ -528,7 +529,25 @@ struct Walk<'g, 'a> {
     holes: Vec<u32>,
 }
 
-impl Walk<'_, '_> {
+impl<'g, 'a> Walk<'g, 'a> {
+    /// Walks `choice` from every result: the walk's facts and the results' canonical ids.
+    fn roots(
+        x: &'g ExtractGraph<'a>,
+        choice: &'g Choice,
+        interner: &mut Interner,
+    ) -> (Walk<'g, 'a>, Vec<u32>) {
+        let mut walk = Walk {
+            x,
+            choice,
+            memo: vec![NONE; x.ids.len()],
+            visited: vec![false; x.ids.len()],
+            first_hole: None,
+            holes: Vec::new(),
+        };
+        let roots = x.roots.iter().map(|r| walk.canon(*r, interner)).collect();
+        (walk, roots)
+    }
+
     fn canon(&mut self, c: u32, interner: &mut Interner) -> u32 {
         if self.memo[c as usize] != NONE {
             return self.memo[c as usize];
@@ -623,19 +642,7 @@ impl Walk<'_, '_> {
 /// two candidates are ≈ exactly when their canonical texts are equal.
 pub fn canonical_text(x: &ExtractGraph, choice: &Choice) -> String {
     let mut interner = Interner::default();
-    let mut walk = Walk {
-        x,
-        choice,
-        memo: vec![NONE; x.ids.len()],
-        visited: vec![false; x.ids.len()],
-        first_hole: None,
-        holes: Vec::new(),
-    };
-    let roots: Vec<u32> = x
-        .roots
-        .iter()
-        .map(|r| walk.canon(*r, &mut interner))
-        .collect();
+    let (_, roots) = Walk::roots(x, choice, &mut interner);
     // Commutative operands in text order: interned ids depend on the order of interning,
     // which differs between interners, while the text does not.
     fn render(i: &Interner, id: u32, memo: &mut HashMap<u32, String>) -> String {
@@ -894,19 +901,7 @@ impl Extractor {
                 s[c as usize] = n;
                 link = parent;
             }
-            let mut walk = Walk {
-                x,
-                choice: &s,
-                memo: vec![NONE; classes],
-                visited: vec![false; classes],
-                first_hole: None,
-                holes: Vec::new(),
-            };
-            let form: Vec<u32> = x
-                .roots
-                .iter()
-                .map(|r| walk.canon(*r, &mut interner))
-                .collect();
+            let (walk, form) = Walk::roots(x, &s, &mut interner);
             let Walk {
                 visited,
                 first_hole: hole,
@@ -1008,33 +1003,6 @@ pub struct Summary {
     pub launch_order: bool,
 }
 
-fn acyclic(edges: &HashSet<(usize, usize)>) -> bool {
-    let mut indegree: HashMap<usize, usize> = HashMap::new();
-    let mut out: HashMap<usize, Vec<usize>> = HashMap::new();
-    for &(a, b) in edges {
-        indegree.entry(a).or_default();
-        *indegree.entry(b).or_default() += 1;
-        out.entry(a).or_default().push(b);
-    }
-    let mut ready: Vec<usize> = indegree
-        .iter()
-        .filter(|(_, d)| **d == 0)
-        .map(|(k, _)| *k)
-        .collect();
-    let mut done = 0;
-    while let Some(k) = ready.pop() {
-        done += 1;
-        for m in out.get(&k).into_iter().flatten() {
-            let d = indegree.get_mut(m).expect("node");
-            *d -= 1;
-            if *d == 0 {
-                ready.push(*m);
-            }
-        }
-    }
-    done == indegree.len()
-}
-
 impl Summary {
     pub fn line(&self) -> String {
         let stored = if self.stored.is_empty() {
@@ -1053,22 +1021,6 @@ impl Summary {
             if self.kernels == 1 { "" } else { "s" }
         )
     }
-}
-
-fn tiled(t: Option<&Type>) -> bool {
-    match t {
-        Some(Type::Tensor(t)) => !t.par.is_empty(),
-        Some(Type::Tuple(ts)) => ts.iter().any(|t| tiled(Some(t))),
-        None => false,
-    }
-}
-
-/// Operators that are free or folded into their consumers (no kernel of their own).
-fn is_leaf_kind(k: &ExprKind) -> bool {
-    matches!(
-        k,
-        ExprKind::Input | ExprKind::Constant(..) | ExprKind::Fill(..) | ExprKind::Iota(..)
-    )
 }
 
 /// Rebuilds candidate `choice` as a function named `name` (verified types filled in).
@@ -1156,18 +1108,7 @@ pub fn reconstruct(x: &ExtractGraph, choice: &Choice, name: &str) -> Function {
 /// view chain written in two orders, say); the program computes such a value once, so that
 /// kernels, stores and validity depend only on the candidate's canonical form.
 fn shared_classes(x: &ExtractGraph, choice: &Choice) -> Vec<u32> {
-    let mut interner = Interner::default();
-    let mut walk = Walk {
-        x,
-        choice,
-        memo: vec![NONE; x.ids.len()],
-        visited: vec![false; x.ids.len()],
-        first_hole: None,
-        holes: Vec::new(),
-    };
-    for r in &x.roots {
-        walk.canon(*r, &mut interner);
-    }
+    let (walk, _) = Walk::roots(x, choice, &mut Interner::default());
     let mut first: HashMap<u32, u32> = HashMap::new();
     (0..x.ids.len() as u32)
         .map(|c| match walk.memo[c as usize] {
@@ -1180,124 +1121,23 @@ fn shared_classes(x: &ExtractGraph, choice: &Choice) -> Vec<u32> {
 /// Kernel regions, stored intermediates and parallel axes of a reconstructed candidate. Stored
 /// intermediates are named (`stored0`, …) so the summary can refer to them.
 pub fn summarize(f: &mut Function) -> Summary {
+    // The same partition the backend lowers.
+    let graph = crate::lower::kernel_graph(f);
     let nodes = &f.body.nodes;
-    let n = nodes.len();
-    let mut parent: Vec<usize> = (0..n).collect();
-    fn find(p: &mut [usize], mut i: usize) -> usize {
-        while p[i] != i {
-            p[i] = p[p[i]];
-            i = p[i];
-        }
-        i
-    }
-    // A node is in a region when it or one of its operands is tiled (stores such as
-    // `combination` and fully folding reductions belong to the region they leave).
-    let in_region = |i: usize| {
-        tiled(nodes[i].ty.as_ref())
-            || nodes[i]
-                .kind
-                .operands()
-                .iter()
-                .any(|o| tiled(nodes[o.index()].ty.as_ref()))
-    };
-    // Loads (views of a tensor-level value) are re-issued by every kernel that reads them: a
-    // shared load does not join two kernels. Each maps to the tensor-level value it reads.
-    // (Nodes are in operand-first order.)
-    let mut load_base: Vec<Option<usize>> = vec![None; n];
-    for (i, node) in nodes.iter().enumerate() {
-        if let ExprKind::Partition(..) | ExprKind::Replicate(..) = node.kind {
-            if let [o] = node.kind.operands().as_slice() {
-                let o = o.index();
-                load_base[i] = if tiled(nodes[o].ty.as_ref()) {
-                    load_base[o]
-                } else {
-                    Some(o)
-                };
-            }
-        }
-    }
-    // Constant expressions (tensor-level values computed from `fill`/`constant`/`iota` only,
-    // such as a count `reduce ones axis=H`) are folded at compile time: no kernel computes or
-    // stores them.
-    let mut constant = vec![false; n];
-    for (i, node) in nodes.iter().enumerate() {
-        constant[i] = match node.kind {
-            ExprKind::Input => false,
-            ref k if is_leaf_kind(k) => true,
-            ref k => {
-                !tiled(node.ty.as_ref())
-                    && !k.operands().is_empty()
-                    && k.operands().iter().all(|o| constant[o.index()])
-            }
-        };
-    }
-    let mut regions = vec![false; n];
-    for (i, node) in nodes.iter().enumerate() {
-        if is_leaf_kind(&node.kind) || constant[i] || load_base[i].is_some() {
-            continue;
-        }
-        regions[i] = in_region(i);
-        if regions[i] {
-            for o in node.kind.operands() {
-                if load_base[o.index()].is_none() && tiled(nodes[o.index()].ty.as_ref()) {
-                    let (a, b) = (find(&mut parent, i), find(&mut parent, o.index()));
-                    parent[a] = b;
-                }
-            }
-        }
-    }
-    // Kernels: each region, and each tensor-level operator outside one (default tiling).
-    // Tuple plumbing at tensor level launches nothing but is a node of the launch graph.
-    let mut comp: Vec<Option<usize>> = vec![None; n];
-    let mut kernel_ids = HashSet::new();
-    for (i, node) in nodes.iter().enumerate() {
-        if is_leaf_kind(&node.kind) || constant[i] || load_base[i].is_some() {
-            continue;
-        }
-        let c = if regions[i] { find(&mut parent, i) } else { i };
-        comp[i] = Some(c);
-        if regions[i] || !matches!(node.kind, ExprKind::Get(..) | ExprKind::Tuple(..)) {
-            kernel_ids.insert(c);
-        }
-    }
-    let kernels = kernel_ids.len();
-    // Launch order must exist: a kernel cannot read a global-memory value it writes itself,
-    // directly or through other kernels.
-    let mut edges: HashSet<(usize, usize)> = HashSet::new();
-    let mut self_loop = false;
-    for (i, node) in nodes.iter().enumerate() {
-        for o in node.kind.operands() {
-            let o = load_base[o.index()].unwrap_or(o.index());
-            if let (Some(a), Some(b)) = (comp[o], comp[i]) {
-                if tiled(nodes[o].ty.as_ref()) {
-                    continue; // inside one region
-                }
-                if a == b {
-                    self_loop = true;
-                } else {
-                    edges.insert((a, b));
-                }
-            }
-        }
-    }
-    let launch_order = !self_loop && acyclic(&edges);
-    // Stored: tensor-level values produced by a kernel and read by another node.
-    let mut stored = Vec::new();
-    let mut used = vec![false; n];
-    for node in nodes {
-        for o in node.kind.operands() {
-            used[o.index()] = true;
-        }
-    }
-    let mut stored_ids = Vec::new();
-    for (i, node) in nodes.iter().enumerate() {
-        if used[i] && !is_leaf_kind(&node.kind) && !constant[i] && !tiled(node.ty.as_ref()) {
-            if let Some(Type::Tensor(t)) = &node.ty {
-                stored_ids.push(i);
-                stored.push(format!("stored{}: {}", stored.len(), t));
-            }
-        }
-    }
+    let stored_ids: Vec<usize> = graph
+        .intermediates
+        .iter()
+        .map(|i| i.index())
+        .filter(|i| matches!(nodes[*i].ty, Some(Type::Tensor(_))))
+        .collect();
+    let stored: Vec<String> = stored_ids
+        .iter()
+        .enumerate()
+        .filter_map(|(k, i)| match &nodes[*i].ty {
+            Some(Type::Tensor(t)) => Some(format!("stored{k}: {t}")),
+            _ => None,
+        })
+        .collect();
     let mut axes: Vec<String> = nodes
         .iter()
         .filter_map(|node| match node.ty.as_ref() {
@@ -1312,9 +1152,9 @@ pub fn summarize(f: &mut Function) -> Summary {
         f.body.nodes[i].name = Some(format!("stored{k}"));
     }
     Summary {
-        kernels,
+        kernels: graph.kernels.len(),
         stored,
         axes,
-        launch_order,
+        launch_order: graph.launch_order,
     }
 }

@@ -12,14 +12,6 @@
 use crate::ir::*;
 use std::collections::{BTreeSet, HashMap};
 
-#[derive(Debug, thiserror::Error)]
-pub enum LowerError {
-    #[error("{message}")]
-    Unsupported { node: NodeId, message: String },
-    #[error("no launch order: a kernel reads a value it writes itself")]
-    NoLaunchOrder,
-}
-
 #[derive(Clone, Debug)]
 pub struct Kernel {
     /// Compute nodes of the kernel, operands first (loads are emitted where they are used).
@@ -44,6 +36,12 @@ pub struct KernelGraph {
     pub constant: Vec<bool>,
     /// For each load (view chain node), the tensor-level value it reads.
     pub load_base: Vec<Option<NodeId>>,
+    /// Tuple plumbing at tensor level outside any kernel (`tuple`, and `get` of one): no
+    /// kernel computes it; its readers take the fields.
+    pub plumbing: Vec<bool>,
+    /// Whether the kernels can be launched in some order: no kernel reads a global-memory
+    /// value it writes itself, directly or through other kernels.
+    pub launch_order: bool,
 }
 
 pub fn tiled(t: Option<&Type>) -> bool {
@@ -93,8 +91,8 @@ pub fn loads_and_constants(body: &Body) -> (Vec<Option<NodeId>>, Vec<bool>) {
     (load_base, constant)
 }
 
-/// Partitions a verified candidate into kernels.
-pub fn kernel_graph(f: &Function) -> Result<KernelGraph, LowerError> {
+/// Partitions a verified candidate into kernels, in launch order when there is one.
+pub fn kernel_graph(f: &Function) -> KernelGraph {
     let body = &f.body;
     let nodes = &body.nodes;
     let n = nodes.len();
@@ -132,8 +130,10 @@ pub fn kernel_graph(f: &Function) -> Result<KernelGraph, LowerError> {
             }
         }
     }
-    // Tuple plumbing at tensor level (a `get` of a stored tuple) belongs to its producer.
+    // A tensor-level `get` of a computed tuple belongs to the tuple's kernel; a tensor-level
+    // `tuple` (and a `get` of one) is plumbing that launches nothing.
     let mut kernel_of: Vec<Option<usize>> = vec![None; n];
+    let mut plumbing = vec![false; n];
     let mut roots: Vec<usize> = Vec::new();
     for i in 0..n {
         if skip(i) {
@@ -141,16 +141,24 @@ pub fn kernel_graph(f: &Function) -> Result<KernelGraph, LowerError> {
         }
         let r = if region[i] {
             find(&mut parent, i)
-        } else if let ExprKind::Get(_, t) = nodes[i].kind {
-            match kernel_of[t.index()] {
-                Some(k) => {
-                    kernel_of[i] = Some(k);
+        } else {
+            match nodes[i].kind {
+                ExprKind::Tuple(_) => {
+                    plumbing[i] = true;
                     continue;
                 }
-                None => i,
+                ExprKind::Get(_, t) => match kernel_of[t.index()] {
+                    Some(k) => {
+                        kernel_of[i] = Some(k);
+                        continue;
+                    }
+                    None => {
+                        plumbing[i] = true;
+                        continue;
+                    }
+                },
+                _ => i,
             }
-        } else {
-            i
         };
         let k = match roots.iter().position(|x| *x == r) {
             Some(k) => k,
@@ -172,49 +180,57 @@ pub fn kernel_graph(f: &Function) -> Result<KernelGraph, LowerError> {
             default_tiled: !region[*r],
         })
         .collect();
+    // Readers of each value: kernels (through loads and plumbing) and `None` for a result.
+    // A `get` reading its own kernel's tuple is not a read of global memory.
     let mut used_by: Vec<BTreeSet<Option<usize>>> = vec![BTreeSet::new(); n];
-    for (i, node) in nodes.iter().enumerate() {
-        for o in node.kind.operands() {
-            let o = load_base[o.index()].map_or(o.index(), |b| b.index());
-            used_by[o].insert(kernel_of[i]);
-        }
-    }
     for r in &body.results {
         used_by[r.index()].insert(None);
     }
+    for i in (0..n).rev() {
+        for o in nodes[i].kind.operands() {
+            let o = load_base[o.index()].map_or(o.index(), |b| b.index());
+            if plumbing[i] {
+                let readers = used_by[i].clone();
+                used_by[o].extend(readers);
+            } else if kernel_of[i].is_some()
+                && !(matches!(nodes[i].kind, ExprKind::Get(..)) && kernel_of[i] == kernel_of[o])
+            {
+                used_by[o].insert(kernel_of[i]);
+            }
+        }
+    }
     let mut edges: Vec<(usize, usize)> = Vec::new();
     let mut intermediates = Vec::new();
+    let mut self_read = false;
     for i in 0..n {
         let Some(k) = kernel_of[i] else { continue };
         kernels[k].nodes.push(NodeId(i as u32));
-        let tensor_level = !tiled(nodes[i].ty.as_ref());
-        if tensor_level && !used_by[i].is_empty() && used_by[i].iter().any(|u| *u != Some(k)) {
-            if !matches!(nodes[i].kind, ExprKind::Tuple(_)) {
-                kernels[k].outputs.push(NodeId(i as u32));
-            }
+        if !tiled(nodes[i].ty.as_ref()) && !used_by[i].is_empty() {
+            kernels[k].outputs.push(NodeId(i as u32));
             for u in used_by[i].iter().flatten() {
                 if *u == k {
-                    return Err(LowerError::NoLaunchOrder);
+                    self_read = true;
+                    continue;
                 }
                 edges.push((k, *u));
                 if !kernels[*u].reads.contains(&NodeId(i as u32)) {
                     kernels[*u].reads.push(NodeId(i as u32));
                 }
             }
-            if used_by[i].iter().any(|u| u.is_some()) {
+            if used_by[i].iter().any(|u| u.is_some_and(|u| u != k)) {
                 intermediates.push(NodeId(i as u32));
             }
         }
         // Axes.
-        let mut axes: Vec<(String, bool)> = Vec::new();
-        let note = |t: &Type, axes: &mut Vec<(String, bool)>| {
+        let mut axes: Vec<String> = Vec::new();
+        let note = |t: &Type, axes: &mut Vec<String>| {
             let mut stack = vec![t];
             while let Some(t) = stack.pop() {
                 match t {
                     Type::Tensor(t) => {
                         for a in t.par.axes() {
-                            if !axes.iter().any(|(b, _)| b == a) {
-                                axes.push((a.clone(), false));
+                            if !axes.contains(a) {
+                                axes.push(a.clone());
                             }
                         }
                     }
@@ -239,7 +255,7 @@ pub fn kernel_graph(f: &Function) -> Result<KernelGraph, LowerError> {
                 kernels[k].loop_axes.push(a.clone());
             }
         }
-        for (a, _) in axes {
+        for a in axes {
             if !kernels[k].grid_axes.contains(&a) {
                 kernels[k].grid_axes.push(a);
             }
@@ -249,13 +265,6 @@ pub fn kernel_graph(f: &Function) -> Result<KernelGraph, LowerError> {
         let loops = k.loop_axes.clone();
         k.grid_axes.retain(|a| !loops.contains(a));
         k.grid_axes.sort();
-    }
-    for r in &body.results {
-        if let Some(k) = kernel_of[r.index()] {
-            if !kernels[k].outputs.contains(r) {
-                kernels[k].outputs.push(*r);
-            }
-        }
     }
     // Launch order: a topological order of the read edges, lowest kernel first.
     let count = kernels.len();
@@ -278,20 +287,23 @@ pub fn kernel_graph(f: &Function) -> Result<KernelGraph, LowerError> {
             }
         }
     }
-    if order.len() != count {
-        return Err(LowerError::NoLaunchOrder);
-    }
+    let launch_order = !self_read && order.len() == count;
+    // Without a launch order, kernels stay in first-node order.
+    let missing: Vec<usize> = (0..count).filter(|k| !order.contains(k)).collect();
+    order.extend(missing);
     let mut by_index: HashMap<usize, Kernel> = kernels.into_iter().enumerate().collect();
     let kernels = order
         .into_iter()
         .filter_map(|k| by_index.remove(&k))
         .collect();
-    Ok(KernelGraph {
+    KernelGraph {
         kernels,
         intermediates,
         constant,
         load_base,
-    })
+        plumbing,
+        launch_order,
+    }
 }
 
 /// Traffic and work of a lowered candidate, for `--stats=json` and ranking.

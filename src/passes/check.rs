@@ -49,11 +49,44 @@ pub fn interpret_info() -> PassInfo {
     ];
     PassInfo {
         name: "interpret",
+        emits_code: false,
         summary: "Run every function in the reference interpreter on seeded random inputs and print the results",
         options: OPTIONS,
         create: |info, opts| Box::new(InterpretPass { settings: Settings::from(info, opts), values: opts.get(info, "print") == "values" }),
     }
 }
+
+/// Indices of a fixed-seed sample of `sample` out of `n` functions, in order (all of them
+/// when `sample` is 0 or at least `n`): a partial Fisher–Yates shuffle.
+pub fn sample_indices(n: usize, sample: usize, seed: u64) -> Vec<usize> {
+    let mut chosen: Vec<usize> = (0..n).collect();
+    if sample > 0 && n > sample {
+        let mut rng = crate::interp::Rng::new(seed ^ 0x5eed);
+        for i in 0..sample {
+            let j = i + rng.below((n - i) as u64) as usize;
+            chosen.swap(i, j);
+        }
+        chosen.truncate(sample);
+        chosen.sort();
+    }
+    chosen
+}
+
+/// `sample=N`, shared by the passes that compare functions with a reference.
+pub const SAMPLE_OPTION: OptionInfo = OptionInfo {
+    name: "sample",
+    kind: OptionKind::Int,
+    default: "0",
+    help: "check a fixed-seed sample of this many functions when there are more (0: check all)",
+};
+
+/// `tol=X`, shared by the passes that compare functions with a reference.
+pub const TOL_OPTION: OptionInfo = OptionInfo {
+    name: "tol",
+    kind: OptionKind::Float,
+    default: "0.01",
+    help: "largest accepted relative L2 error",
+};
 
 pub fn check_info() -> PassInfo {
     const OPTIONS: &[OptionInfo] = &[
@@ -63,18 +96,8 @@ pub fn check_info() -> PassInfo {
             default: "",
             help: "reference program file (default: the program the pipeline started from)",
         },
-        OptionInfo {
-            name: "sample",
-            kind: OptionKind::Int,
-            default: "0",
-            help: "check a fixed-seed sample of this many functions when there are more (0: check all)",
-        },
-        OptionInfo {
-            name: "tol",
-            kind: OptionKind::Float,
-            default: "0.01",
-            help: "largest accepted relative L2 error",
-        },
+        SAMPLE_OPTION,
+        TOL_OPTION,
         OptionInfo {
             name: "scale",
             kind: OptionKind::Float,
@@ -87,6 +110,7 @@ pub fn check_info() -> PassInfo {
     ];
     PassInfo {
         name: "check",
+        emits_code: false,
         summary: "Compare every function with a reference program on seeded random inputs (relative L2 error)",
         options: OPTIONS,
         create: |info, opts| {
@@ -271,17 +295,7 @@ impl Pass for CheckPass {
         let mut worst = 0.0f64;
         let mut errors = Vec::new();
         let mut reports = Vec::new();
-        // A fixed-seed sample when asked for: a partial Fisher–Yates shuffle.
-        let mut chosen: Vec<usize> = (0..module.funcs.len()).collect();
-        if self.sample > 0 && chosen.len() > self.sample {
-            let mut rng = crate::interp::Rng::new(seed ^ 0x5eed);
-            for i in 0..self.sample {
-                let j = i + rng.below((chosen.len() - i) as u64) as usize;
-                chosen.swap(i, j);
-            }
-            chosen.truncate(self.sample);
-            chosen.sort();
-        }
+        let chosen = sample_indices(module.funcs.len(), self.sample, seed);
         for f in chosen.iter().map(|i| &module.funcs[*i]) {
             let Some(r) = find_reference(reference, f) else {
                 errors.push(

@@ -18,6 +18,7 @@ pub fn info() -> PassInfo {
     }];
     PassInfo {
         name: "expect-contains",
+        emits_code: false,
         summary: "Fail unless the e-graph's result classes represent the given program (up to axis and reducer renaming)",
         options: OPTIONS,
         create: |info, opts| {

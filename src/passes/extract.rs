@@ -38,6 +38,7 @@ pub fn extract_info() -> PassInfo {
     ];
     PassInfo {
         name: "extract",
+        emits_code: false,
         summary: "Enumerate the candidate programs of each e-graph (one per class of equivalent programs) as functions name.c0, name.c1, …",
         options: OPTIONS,
         create: |info, opts| {

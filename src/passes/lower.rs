@@ -21,6 +21,7 @@ pub fn lower_info() -> PassInfo {
     }];
     PassInfo {
         name: "lower",
+        emits_code: true,
         summary: "Emit Triton kernels and a host function per function (the output becomes Python)",
         options: OPTIONS,
         create: |info, opts| {
@@ -45,27 +46,18 @@ pub fn triton_check_info() -> PassInfo {
             default: "16,32",
             help: "block sizes to run each candidate with (every axis gets the same size)",
         },
-        OptionInfo {
-            name: "sample",
-            kind: OptionKind::Int,
-            default: "0",
-            help: "check a fixed-seed sample of this many functions when there are more (0: all)",
-        },
-        OptionInfo {
-            name: "tol",
-            kind: OptionKind::Float,
-            default: "0.01",
-            help: "largest accepted relative L2 error",
-        },
+        super::check::SAMPLE_OPTION,
+        super::check::TOL_OPTION,
         OptionInfo {
             name: "python",
             kind: OptionKind::Path,
             default: "",
-            help: "Python with triton and numpy (default: $EFOPT_PYTHON, else .venv/bin/python)",
+            help: "Python with triton and numpy (default: $EFOPT_PYTHON, else the checkout's .venv/bin/python)",
         },
     ];
     PassInfo {
         name: "triton-check",
+        emits_code: false,
         summary: "Run the lowered Triton code under the CPU interpreter and compare with the reference interpreter",
         options: OPTIONS,
         create: |info, opts| {
@@ -101,6 +93,31 @@ fn lowering_error(f: &Function, node: NodeId, message: String) -> Diagnostic {
         .with_help("extract{max-kernels=…} or another candidate may avoid the construct; see docs/cli.md (lower)")
 }
 
+/// The functions the backend can lower; each other one gets a warning naming the construct
+/// it cannot lower yet. Returns them and how many were skipped.
+fn lowerable<'m>(
+    module: &'m Module,
+    funcs: Vec<&'m Function>,
+    opts: TritonOptions,
+    cx: &mut PassContext,
+) -> (Vec<&'m Function>, usize) {
+    let mut ok = Vec::new();
+    let mut skipped = 0;
+    for f in funcs {
+        let mut names = crate::ir::print::Namer::default();
+        match crate::backend::triton::emit_function(module, f, opts, &mut names) {
+            Ok(_) => ok.push(f),
+            Err((node, message)) => {
+                let mut d = lowering_error(f, node, message);
+                d.severity = crate::diag::Severity::Warning;
+                cx.diagnostics.push(d);
+                skipped += 1;
+            }
+        }
+    }
+    (ok, skipped)
+}
+
 struct LowerPass {
     interpret: bool,
 }
@@ -111,36 +128,17 @@ impl Pass for LowerPass {
     }
 
     fn run(&mut self, module: &mut Module, cx: &mut PassContext) -> Result<(), Vec<Diagnostic>> {
-        // Candidates the backend cannot lower yet are skipped with a warning.
-        let mut funcs: Vec<&Function> = Vec::new();
-        for f in &module.funcs {
-            let mut names = crate::ir::print::Namer::default();
-            let opts = TritonOptions {
-                interpret: self.interpret,
-            };
-            match crate::backend::triton::emit_function(module, f, opts, &mut names) {
-                Ok(_) => funcs.push(f),
-                Err((node, message)) => {
-                    let mut d = lowering_error(f, node, message);
-                    d.severity = crate::diag::Severity::Warning;
-                    cx.diagnostics.push(d);
-                }
-            }
-        }
+        let opts = TritonOptions {
+            interpret: self.interpret,
+        };
+        let (funcs, _) = lowerable(module, module.funcs.iter().collect(), opts, cx);
         if funcs.is_empty() {
             return Err(vec![Diagnostic::global(
                 crate::diag::Severity::Error,
                 "lower: no function could be lowered",
             )]);
         }
-        let (source, _) = emit_module(
-            module,
-            &funcs,
-            TritonOptions {
-                interpret: self.interpret,
-            },
-        )
-        .map_err(|(node, message, name)| {
+        let (source, _) = emit_module(module, &funcs, opts).map_err(|(node, message, name)| {
             let f = module.funcs.iter().find(|f| f.name == name);
             vec![match f {
                 Some(f) => lowering_error(f, node, message),
@@ -149,8 +147,8 @@ impl Pass for LowerPass {
         })?;
         let mut per = Vec::new();
         for f in &funcs {
-            if let Ok(g) = kernel_graph(f) {
-                let c = cost(f, &g);
+            {
+                let c = cost(f, &kernel_graph(f));
                 cx.report.push(format!(
                     "// lower @{}: {} kernel(s), {} bytes read, {} bytes written, {} flops",
                     f.name, c.kernels, c.bytes_read, c.bytes_written, c.flops
@@ -188,38 +186,13 @@ impl Pass for TritonCheckPass {
     fn run(&mut self, module: &mut Module, cx: &mut PassContext) -> Result<(), Vec<Diagnostic>> {
         let start = Instant::now();
         let fail = |m: String| vec![Diagnostic::global(crate::diag::Severity::Error, m)];
-        let mut chosen: Vec<&Function> = module.funcs.iter().collect();
-        if self.sample > 0 && chosen.len() > self.sample {
-            let mut rng = crate::interp::Rng::new(cx.seed ^ 0x7472_6974);
-            let mut picked = Vec::new();
-            while picked.len() < self.sample {
-                let i = rng.below(chosen.len() as u64) as usize;
-                if !picked.contains(&i) {
-                    picked.push(i);
-                }
-            }
-            picked.sort();
-            chosen = picked.into_iter().map(|i| chosen[i]).collect();
-        }
-        // Candidates the backend cannot lower yet are reported and skipped.
-        let mut not_lowered = 0usize;
-        chosen.retain(|f| {
-            let mut names = crate::ir::print::Namer::default();
-            match crate::backend::triton::emit_function(
-                module,
-                f,
-                TritonOptions { interpret: true },
-                &mut names,
-            ) {
-                Ok(_) => true,
-                Err((_, m)) => {
-                    not_lowered += 1;
-                    cx.report
-                        .push(format!("// triton-check @{}: not lowered: {m}", f.name));
-                    false
-                }
-            }
-        });
+        let chosen: Vec<&Function> =
+            super::check::sample_indices(module.funcs.len(), self.sample, cx.seed)
+                .into_iter()
+                .map(|i| &module.funcs[i])
+                .collect();
+        let (chosen, not_lowered) =
+            lowerable(module, chosen, TritonOptions { interpret: true }, cx);
         cx.counters.insert("not_lowered".into(), not_lowered.into());
         let (source, hosts) = emit_module(module, &chosen, TritonOptions { interpret: true })
             .map_err(
@@ -252,7 +225,7 @@ impl Pass for TritonCheckPass {
                 };
                 let file = format!("f{fi}_in{i}.f32");
                 write_f32(&dir.join(&file), &t.data).map_err(|e| fail(e.to_string()))?;
-                ins.push(serde_json::json!({"file": file, "shape": t.shape, "dtype": host_dtype(ty.dtype)}));
+                ins.push(serde_json::json!({"file": file, "shape": t.shape, "dtype": crate::backend::triton::dtype_host(ty.dtype)}));
             }
             let mut outs = Vec::new();
             for (i, v) in outputs.iter().enumerate() {
@@ -287,20 +260,15 @@ impl Pass for TritonCheckPass {
         });
         std::fs::write(dir.join("manifest.json"), manifest.to_string())
             .map_err(|e| fail(e.to_string()))?;
+        // The runner script and the venv `scripts/setup-venv.sh` makes live in the checkout
+        // efopt was built from.
+        let checkout = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
         let python = self
             .python
             .clone()
             .or_else(|| std::env::var("EFOPT_PYTHON").ok())
-            .unwrap_or_else(|| {
-                let local = cx.base_dir.join(".venv/bin/python");
-                if local.exists() {
-                    local.display().to_string()
-                } else {
-                    ".venv/bin/python".to_string()
-                }
-            });
-        let script =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("python/efopt_triton.py");
+            .unwrap_or_else(|| checkout.join(".venv/bin/python").display().to_string());
+        let script = checkout.join("python/efopt_triton.py");
         let out = std::process::Command::new(&python)
             .arg(&script)
             .arg(dir.join("manifest.json"))
@@ -372,15 +340,5 @@ impl Pass for TritonCheckPass {
         }
         let _ = std::fs::remove_dir_all(&dir);
         Ok(())
-    }
-}
-
-fn host_dtype(d: crate::ir::DType) -> &'static str {
-    match d {
-        crate::ir::DType::BF16 => "bfloat16",
-        crate::ir::DType::F16 => "float16",
-        crate::ir::DType::F32 => "float32",
-        crate::ir::DType::I32 => "int32",
-        crate::ir::DType::I1 => "bool",
     }
 }

@@ -81,6 +81,9 @@ impl PassOptions {
 
 pub struct PassInfo {
     pub name: &'static str,
+    /// The pass emits code (`PassContext::emitted`) that becomes the pipeline's output in
+    /// place of the IR; report lines are then written as `#` comments.
+    pub emits_code: bool,
     pub summary: &'static str,
     pub options: &'static [OptionInfo],
     pub create: fn(&PassInfo, &PassOptions) -> Box<dyn Pass>,
@@ -152,6 +155,7 @@ pub fn registry() -> Vec<PassInfo> {
     vec![
         PassInfo {
             name: "verify",
+            emits_code: false,
             summary: "Infer and check types, shapes, dtypes and parallel state",
             options: &[],
             create: |_, _| Box::new(VerifyPass),

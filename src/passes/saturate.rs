@@ -64,6 +64,7 @@ pub fn saturate_info() -> PassInfo {
     ];
     PassInfo {
         name: "saturate",
+        emits_code: false,
         summary: "Build each function's e-graph and saturate it with the equality rules; the module then holds e-graph dumps",
         options: OPTIONS,
         create: |info, opts| Box::new(SaturatePass::new(info, opts)),
