@@ -21,6 +21,10 @@ use std::fmt::Write;
 pub struct TritonOptions {
     /// f32 matrix-product operands (for `TRITON_INTERPRET=1`).
     pub interpret: bool,
+    /// bf16 matrix-product operands whatever their program dtype (FlashAttention feeds its f32
+    /// probabilities to the second product this way): twice the tensor-core rate of tf32, at
+    /// bf16 rounding of the operands. `interpret` wins over it.
+    pub dot_bf16: bool,
 }
 
 const PY_KEYWORDS: &[&str] = &[
@@ -1239,8 +1243,14 @@ impl KernelEmitter<'_, '_> {
                 };
                 // Operands in the program's dtype (bf16 feeds tensor cores); f32 under the
                 // interpreter, whose bf16 dot is wrong.
+                let opts = self.ctx.opts;
                 let (a, b) = match self.dot_dtypes.take() {
-                    Some((x, y)) if x == y && x != DType::F32 && !self.ctx.opts.interpret => (
+                    _ if opts.interpret => (a, b),
+                    _ if opts.dot_bf16 => (
+                        format!("{a}.to(tl.bfloat16)"),
+                        format!("{b}.to(tl.bfloat16)"),
+                    ),
+                    Some((x, y)) if x == y && x != DType::F32 => (
                         format!("{a}.to({})", dtype_tl(x)),
                         format!("{b}.to({})", dtype_tl(y)),
                     ),

@@ -13,12 +13,20 @@ use std::fmt::Write as _;
 use std::time::Instant;
 
 pub fn lower_info() -> PassInfo {
-    const OPTIONS: &[OptionInfo] = &[OptionInfo {
-        name: "interpret",
-        kind: OptionKind::Bool,
-        default: "false",
-        help: "f32 matrix-product operands, for the Triton CPU interpreter (its bf16 dot is wrong)",
-    }];
+    const OPTIONS: &[OptionInfo] = &[
+        OptionInfo {
+            name: "interpret",
+            kind: OptionKind::Bool,
+            default: "false",
+            help: "f32 matrix-product operands, for the Triton CPU interpreter (its bf16 dot is wrong)",
+        },
+        OptionInfo {
+            name: "dot-bf16",
+            kind: OptionKind::Bool,
+            default: "false",
+            help: "bf16 matrix-product operands even where the program has f32 ones (faster tensor cores, bf16 rounding)",
+        },
+    ];
     PassInfo {
         name: "lower",
         emits_code: true,
@@ -26,7 +34,10 @@ pub fn lower_info() -> PassInfo {
         options: OPTIONS,
         create: |info, opts| {
             Box::new(LowerPass {
-                interpret: opts.get(info, "interpret") == "true",
+                opts: TritonOptions {
+                    interpret: opts.get(info, "interpret") == "true",
+                    dot_bf16: opts.get(info, "dot-bf16") == "true",
+                },
             })
         },
     }
@@ -119,7 +130,7 @@ fn lowerable<'m>(
 }
 
 struct LowerPass {
-    interpret: bool,
+    opts: TritonOptions,
 }
 
 impl Pass for LowerPass {
@@ -128,9 +139,7 @@ impl Pass for LowerPass {
     }
 
     fn run(&mut self, module: &mut Module, cx: &mut PassContext) -> Result<(), Vec<Diagnostic>> {
-        let opts = TritonOptions {
-            interpret: self.interpret,
-        };
+        let opts = self.opts;
         let (funcs, _) = lowerable(module, module.funcs.iter().collect(), opts, cx);
         if funcs.is_empty() {
             return Err(vec![Diagnostic::global(
@@ -191,16 +200,30 @@ impl Pass for TritonCheckPass {
                 .into_iter()
                 .map(|i| &module.funcs[i])
                 .collect();
-        let (chosen, not_lowered) =
-            lowerable(module, chosen, TritonOptions { interpret: true }, cx);
+        let (chosen, not_lowered) = lowerable(
+            module,
+            chosen,
+            TritonOptions {
+                interpret: true,
+                dot_bf16: false,
+            },
+            cx,
+        );
         cx.counters.insert("not_lowered".into(), not_lowered.into());
-        let (source, hosts) = emit_module(module, &chosen, TritonOptions { interpret: true })
-            .map_err(
-                |(node, message, name)| match chosen.iter().find(|f| f.name == name) {
-                    Some(f) => vec![lowering_error(f, node, message)],
-                    None => fail(message),
-                },
-            )?;
+        let (source, hosts) = emit_module(
+            module,
+            &chosen,
+            TritonOptions {
+                interpret: true,
+                dot_bf16: false,
+            },
+        )
+        .map_err(
+            |(node, message, name)| match chosen.iter().find(|f| f.name == name) {
+                Some(f) => vec![lowering_error(f, node, message)],
+                None => fail(message),
+            },
+        )?;
         let dir = std::env::temp_dir().join(format!(
             "efopt-triton-check-{}-{}",
             std::process::id(),
