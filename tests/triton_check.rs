@@ -44,6 +44,8 @@ fn extracted_candidates_run_and_compile() {
         ("rmsnorm_mlp", true),
         ("rmsnorm_gemm", true),
         ("ngpt", true),
+        ("rmsnorm_swiglu", true),
+        ("layernorm_gemm", true),
     ] {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_efopt"));
         if sized {
@@ -75,6 +77,41 @@ fn extracted_candidates_run_and_compile() {
             count(summary, " kernel compilation") > 0,
             "{name}: {summary}"
         );
+    }
+}
+
+/// Multi-head attention: batched (rank-4) products, as a 3-d `tl.dot` or, with one query row
+/// (decode), as a broadcast multiply and sum. Run under the interpreter only: compiling the
+/// 5-d broadcast tiles for sm_90 takes about half a minute per kernel.
+#[test]
+fn multi_head_attention_candidates_run() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let python = venv_python(root);
+    for (name, sizes) in [
+        ("mha_decode", &["B=2", "NH=2", "K=32", "D=16"][..]),
+        ("mha_prefill", &["B=2", "NH=2", "Q=16", "K=32", "D=16"][..]),
+    ] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_efopt"));
+        for s in sizes {
+            cmd.args(["--set", s]);
+        }
+        let out = cmd
+            .arg("--passes=saturate,extract{max-candidates=12},triton-check{blocks=16}")
+            .arg(root.join("examples").join(format!("{name}.ef")))
+            .env("EFOPT_PYTHON", &python)
+            .output()
+            .expect("efopt runs");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let summary = stdout
+            .lines()
+            .find(|l| l.starts_with("// triton-check:"))
+            .unwrap_or_else(|| panic!("{name}: no triton-check summary\n{stdout}\n{stderr}"));
+        assert!(out.status.success(), "{name}: {summary}\n{stderr}");
+        assert_eq!(count(summary, " failed"), 0, "{name}: {summary}");
+        let lowered = count(summary, " function(s) lowered");
+        assert!(lowered >= 4, "{name}: {summary}");
+        assert_eq!(count(summary, " run(s) ok"), lowered, "{name}: {summary}");
     }
 }
 

@@ -457,6 +457,8 @@ struct KernelEmitter<'c, 'a> {
     buffer: &'c HashMap<NodeId, String>,
     in_kernel: BTreeSet<NodeId>,
     folds_done: BTreeSet<NodeId>,
+    /// Axes the kernel combines inside itself: one block spans their whole dimension.
+    whole: BTreeSet<String>,
     /// Operand dtypes of the matrix product being emitted (unknown in reducer bodies: f32).
     dot_dtypes: Option<(DType, DType)>,
 }
@@ -478,6 +480,7 @@ fn emit_kernel(
         buffer,
         in_kernel: k.nodes.iter().copied().collect(),
         folds_done: BTreeSet::new(),
+        whole: whole_axes(ctx.f, k)?,
         dot_dtypes: None,
     };
     for b in &ctx.f.bindings {
@@ -492,7 +495,12 @@ fn emit_kernel(
     // Grid coordinates from one flattened program id.
     e.outer.push("pid = tl.program_id(0)".into());
     e.names.reserve("pid");
-    for a in &k.grid_axes {
+    let grid_axes: Vec<&String> = k
+        .grid_axes
+        .iter()
+        .filter(|a| !e.whole.contains(*a))
+        .collect();
+    for a in &grid_axes {
         e.outer.push(format!("c_{a} = pid % EXT_{a}"));
         e.outer.push(format!("pid = pid // EXT_{a}"));
         e.axis_offsets(a, false);
@@ -538,21 +546,28 @@ fn emit_kernel(
     } else {
         "tiled region"
     };
+    let whole = if e.whole.is_empty() {
+        String::new()
+    } else {
+        let names: Vec<&str> = e.whole.iter().map(String::as_str).collect();
+        format!("; whole axes: [{}]", names.join(", "))
+    };
+    let grid_names: Vec<&str> = grid_axes.iter().map(|a| a.as_str()).collect();
     let _ = writeln!(
         src,
-        "@triton.jit\ndef {kname}({}):\n    # {what}; grid axes: [{}]; loop axes: [{}]",
+        "@triton.jit\ndef {kname}({}):\n    # {what}; grid axes: [{}]; loop axes: [{}]{whole}",
         sig.join(", "),
-        k.grid_axes.join(", "),
+        grid_names.join(", "),
         k.loop_axes.join(", ")
     );
     for l in &e.outer {
         let _ = writeln!(src, "    {l}");
     }
     src.push('\n');
-    let grid = if k.grid_axes.is_empty() {
+    let grid = if grid_axes.is_empty() {
         "1".to_string()
     } else {
-        k.grid_axes
+        grid_axes
             .iter()
             .map(|a| format!("EXT_{a}"))
             .collect::<Vec<_>>()
@@ -619,6 +634,7 @@ impl KernelEmitter<'_, '_> {
                     DimBase::Sym(s) => Some(s.clone()),
                     _ => None,
                 };
+                let split = split.filter(|a| !self.whole.contains(a));
                 match (split, &d.base) {
                     (Some(a), _) => BlockDim {
                         len: format!("BLOCK_{a}"),
@@ -758,6 +774,21 @@ impl KernelEmitter<'_, '_> {
             return self.load(id, dims, id);
         }
         let ops: Vec<NodeId> = node.kind.operands();
+        // Over a whole axis, a view or a combination of a block computed here is the block.
+        if let ExprKind::Partition(_, a, x) | ExprKind::Combination(_, a, x) = &node.kind {
+            if self.whole.contains(a) {
+                let Some(Type::Tensor(t)) = node.ty.as_ref() else {
+                    return Err(err("a view of a tuple"));
+                };
+                let dims = self.dims_of(t);
+                let v = self.value(*x)?;
+                let (expr, _) = v.tile().map_err(|m| (id, m))?;
+                return Ok(Val::Tile {
+                    expr: expr.to_string(),
+                    dims,
+                });
+            }
+        }
         // A replicated tile computed in the kernel is the same block at every coordinate.
         if let ExprKind::Replicate(_, x) = &node.kind {
             return self.value(*x);
@@ -1230,17 +1261,31 @@ impl KernelEmitter<'_, '_> {
             }
             ExprKind::TileMatMul { .. } | ExprKind::MatMul { .. } => {
                 let ((a, da), (b, db)) = (tile(0)?, tile(1)?);
-                if da.len() != 2 || db.len() != 2 {
-                    return Err("a matrix product of rank other than 2 is not lowered yet".into());
+                let r = da.len();
+                if r < 2 || db.len() != r {
+                    return Err("a matrix product of operands with different ranks".into());
                 }
-                let a = match &da[1].mask {
-                    Some(m) => format!("tl.where({m}[None, :], {a}, 0.0)"),
+                let a = match &da[r - 1].mask {
+                    Some(m) => format!("tl.where({m}{}, {a}, 0.0)", index_for(r, r - 1)),
                     None => a,
                 };
-                let b = match &db[0].mask {
-                    Some(m) => format!("tl.where({m}[:, None], {b}, 0.0)"),
+                let b = match &db[r - 2].mask {
+                    Some(m) => format!("tl.where({m}{}, {b}, 0.0)", index_for(r, r - 2)),
                     None => b,
                 };
+                let mut dims: Vec<BlockDim> = da[..r - 1].to_vec();
+                dims.push(db[r - 1].clone());
+                let (m, k, n) = (&da[r - 2].len, &da[r - 1].len, &db[r - 1].len);
+                if r > 2 && [m, k, n].iter().any(|l| l.as_str() == "1") {
+                    // `tl.dot` needs 16 rows, columns and depth (a decode step has one query
+                    // row): multiply broadcast operands and sum over the depth instead.
+                    let expand_a = format!("[{}None]", ":, ".repeat(r));
+                    let expand_b = format!("[{}None, :, :]", ":, ".repeat(r - 2));
+                    return Ok(Val::Tile {
+                        expr: format!("tl.sum(({a}){expand_a} * ({b}){expand_b}, axis={})", r - 1),
+                        dims,
+                    });
+                }
                 // Operands in the program's dtype (bf16 feeds tensor cores); f32 under the
                 // interpreter, whose bf16 dot is wrong.
                 let opts = self.ctx.opts;
@@ -1256,10 +1301,23 @@ impl KernelEmitter<'_, '_> {
                     ),
                     _ => (a, b),
                 };
-                Val::Tile {
-                    expr: format!("tl.dot({a}, {b}, out_dtype=tl.float32)"),
-                    dims: vec![da[0].clone(), db[1].clone()],
-                }
+                let expr = if r == 2 {
+                    format!("tl.dot({a}, {b}, out_dtype=tl.float32)")
+                } else {
+                    // Leading dimensions batch: one 3-d `tl.dot` over their product.
+                    let batch: Vec<&str> = da[..r - 2].iter().map(|d| d.len.as_str()).collect();
+                    let batch_len = batch.join(" * ");
+                    let out_shape: Vec<&str> = batch
+                        .iter()
+                        .copied()
+                        .chain([m.as_str(), n.as_str()])
+                        .collect();
+                    format!(
+                        "tl.reshape(tl.dot(tl.reshape({a}, ({batch_len}, {m}, {k})), tl.reshape({b}, ({batch_len}, {k}, {n})), out_dtype=tl.float32), ({}))",
+                        out_shape.join(", ")
+                    )
+                };
+                Val::Tile { expr, dims }
             }
             ExprKind::Reduce {
                 over: ReduceOver::Axis(d),
@@ -1381,6 +1439,75 @@ impl KernelEmitter<'_, '_> {
         }
         Ok(())
     }
+}
+
+/// Axes combined inside kernel `k` (a `combination` whose result is still tiled). The kernel
+/// computes all their tiles at once, as one block spanning the dimension: the same value as
+/// long as nothing between the views and the combination depends on the tiling, so a
+/// reduction or product contraction across the split dimension, a fold or collection over
+/// the axis, a reshape, or a dimension split twice is refused.
+fn whole_axes(f: &Function, k: &Kernel) -> Result<BTreeSet<String>, (NodeId, String)> {
+    let body = &f.body;
+    let mut whole = BTreeSet::new();
+    for id in &k.nodes {
+        if let ExprKind::Combination(_, a, _) = &body.node(*id).kind {
+            if tiled(body.ty(*id)) {
+                whole.insert(a.clone());
+            }
+        }
+    }
+    let split = |x: NodeId, a: &str| -> Option<(usize, usize)> {
+        match body.ty(x) {
+            Some(Type::Tensor(t)) => match t.par.0.get(a) {
+                Some(ParKind::Partition(i)) => Some((*i, t.shape.len())),
+                _ => None,
+            },
+            _ => None,
+        }
+    };
+    for id in &k.nodes {
+        let node = body.node(*id);
+        for a in &whole {
+            let refused = match &node.kind {
+                ExprKind::Reduce {
+                    input,
+                    over: ReduceOver::Axis(d),
+                    ..
+                } => match (split(*input, a), body.ty(*input)) {
+                    (Some((i, _)), Some(Type::Tensor(t))) => {
+                        crate::passes::typing::resolve_dim(&t.shape, d).ok() == Some(i)
+                    }
+                    _ => false,
+                },
+                ExprKind::Reduce {
+                    over: ReduceOver::Parallel(p),
+                    ..
+                }
+                | ExprKind::Collection(p, _) => p == a,
+                ExprKind::TileMatMul { a: x, b: y, .. } | ExprKind::MatMul { a: x, b: y, .. } => {
+                    split(*x, a).is_some_and(|(i, r)| i + 1 == r)
+                        || split(*y, a).is_some_and(|(i, r)| i + 2 == r)
+                }
+                ExprKind::Reshape(..) | ExprKind::Broadcast(..) => has_axis(node.ty.as_ref(), a),
+                _ => match node.ty.as_ref() {
+                    Some(Type::Tensor(t)) => t
+                        .shape
+                        .iter()
+                        .any(|d| d.splits.len() > 1 && d.splits.contains(a)),
+                    _ => false,
+                },
+            };
+            if refused {
+                return Err((
+                    *id,
+                    format!(
+                        "work across the tiles of axis `{a}`, which the kernel combines inside itself, is not lowered yet"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(whole)
 }
 
 fn is_simple(e: &str) -> bool {
