@@ -851,6 +851,39 @@ impl KernelEmitter<'_, '_> {
             .map_err(|m| (id, m))
     }
 
+    /// A view of an elementwise constant expression (a causal mask from `iota`s): each operand
+    /// viewed on the same block (trailing dimensions for lower ranks), then the operator.
+    fn constant_view(
+        &mut self,
+        base: NodeId,
+        dims: Vec<BlockDim>,
+        at: NodeId,
+    ) -> Result<Val, (NodeId, String)> {
+        let body = &self.ctx.f.body;
+        let node = &body.nodes[base.index()];
+        let mut vals = Vec::new();
+        for o in node.kind.operands() {
+            let rank = match body.ty(o) {
+                Some(Type::Tensor(t)) => t.shape.len(),
+                _ => return Err((at, "a view of a tuple constant".into())),
+            };
+            let Some(start) = dims.len().checked_sub(rank) else {
+                return Err((at, "a constant operand of higher rank than its view".into()));
+            };
+            vals.push(self.load(o, dims[start..].to_vec(), at)?);
+        }
+        let names = |d: &DimRef, dims: &[BlockDim]| -> Option<usize> {
+            match d {
+                DimRef::Index(i) => Some(*i),
+                DimRef::Name(n) => dims.iter().position(|b| b.name.as_deref() == Some(n)),
+            }
+        };
+        let kind = node.kind.clone();
+        let ty = node.ty.clone();
+        self.op(&kind, vals, ty.as_ref(), &names)
+            .map_err(|m| (at, m))
+    }
+
     fn load(
         &mut self,
         base: NodeId,
@@ -895,7 +928,14 @@ impl KernelEmitter<'_, '_> {
                         dims,
                     })
                 }
-                _ => Err((at, "a view of a computed constant expression".into())),
+                ExprKind::Unary(..)
+                | ExprKind::Binary(..)
+                | ExprKind::Select(..)
+                | ExprKind::Cast(..) => self.constant_view(base, dims, at),
+                _ => Err((
+                    at,
+                    "a view of a constant expression other than elementwise operators".into(),
+                )),
             };
         }
         let Some(Type::Tensor(bt)) = bnode.ty.as_ref() else {
