@@ -6,7 +6,9 @@
 //! overhang a dimension are masked: loads read 0 there, stores skip it, and reductions and
 //! matrix products replace the overhang by the reduction's identity (0 for products) first,
 //! so values computed on padding never reach a result. Grid axes become one flattened
-//! program id; loop axes become `for` loops whose fold state is loop-carried. Arithmetic runs
+//! program id; loop axes become `for` loops whose fold state is loop-carried (nested when a
+//! fold sits inside another fold's loop), and an axis combined inside the kernel is computed
+//! as one block spanning its dimension. Arithmetic runs
 //! in f32 (a cast to bf16/f16 rounds); matrix-product operands go to the dot in their
 //! program dtype, or in f32 under the interpreter option (the Triton interpreter's bf16 dot
 //! is wrong).
@@ -446,12 +448,20 @@ pub fn emit_function(
     })
 }
 
+struct Loop {
+    axis: String,
+    lines: Vec<String>,
+    memo: HashMap<NodeId, Val>,
+}
+
 struct KernelEmitter<'c, 'a> {
     ctx: &'c Ctx<'a>,
     kernel: &'c Kernel,
     names: Namer,
     outer: Vec<String>,
-    inner: Option<(String, Vec<String>, HashMap<NodeId, Val>)>,
+    /// Open fold loops, outermost first: each collects its body and memoizes the values that
+    /// vary along its axis.
+    inner: Vec<Loop>,
     memo: HashMap<NodeId, Val>,
     ptr: BTreeMap<NodeId, String>,
     buffer: &'c HashMap<NodeId, String>,
@@ -474,7 +484,7 @@ fn emit_kernel(
         kernel: k,
         names: namer(),
         outer: Vec::new(),
-        inner: None,
+        inner: Vec::new(),
         memo: HashMap::new(),
         ptr: BTreeMap::new(),
         buffer,
@@ -577,10 +587,36 @@ fn emit_kernel(
 }
 
 impl KernelEmitter<'_, '_> {
+    /// A line in the innermost open loop (`inner`) or before every loop.
     fn line(&mut self, inner: bool, l: String) {
-        match (&mut self.inner, inner) {
-            (Some((_, lines, _)), true) => lines.push(l),
-            _ => self.outer.push(l),
+        let level = if inner {
+            self.inner.len().checked_sub(1)
+        } else {
+            None
+        };
+        self.line_at(level, l);
+    }
+
+    fn line_at(&mut self, level: Option<usize>, l: String) {
+        match level.and_then(|i| self.inner.get_mut(i)) {
+            Some(lp) => lp.lines.push(l),
+            None => self.outer.push(l),
+        }
+    }
+
+    /// The loop a value lives in: the innermost open loop whose axis its type has (`None`:
+    /// before every loop).
+    fn level_of(&self, id: NodeId) -> Option<usize> {
+        let t = self.ctx.f.body.ty(id);
+        (0..self.inner.len())
+            .rev()
+            .find(|i| has_axis(t, &self.inner[*i].axis))
+    }
+
+    fn memo_at(&mut self, level: Option<usize>) -> &mut HashMap<NodeId, Val> {
+        match level {
+            Some(i) if i < self.inner.len() => &mut self.inner[i].memo,
+            _ => &mut self.memo,
         }
     }
 
@@ -604,18 +640,6 @@ impl KernelEmitter<'_, '_> {
                 self.line(inner, format!("m_{a} = o_{a} < 1"));
             }
         }
-    }
-
-    fn loop_axis(&self) -> Option<&str> {
-        self.inner.as_ref().map(|(a, _, _)| a.as_str())
-    }
-
-    /// Whether a value lives inside the open loop (its type has the loop axis).
-    fn inner_scope(&self, id: NodeId) -> bool {
-        let Some(a) = self.loop_axis() else {
-            return false;
-        };
-        has_axis(self.ctx.f.body.ty(id), a)
     }
 
     fn dims_of(&self, t: &TensorType) -> Vec<BlockDim> {
@@ -710,32 +734,22 @@ impl KernelEmitter<'_, '_> {
 
     /// A value: loads, constants, operators; folds open loops.
     fn value(&mut self, id: NodeId) -> Result<Val, (NodeId, String)> {
-        let inner = self.inner_scope(id);
-        if inner {
-            if let Some((_, _, memo)) = &self.inner {
-                if let Some(v) = memo.get(&id) {
-                    return Ok(v.clone());
-                }
-            }
-        } else if let Some(v) = self.memo.get(&id) {
+        let level = self.level_of(id);
+        if let Some(v) = self.memo_at(level).get(&id) {
             return Ok(v.clone());
         }
         let v = self.compute(id)?;
+        // Computing may open and close loops, never the ones this value lives in.
+        let level = self.level_of(id);
         let v = match v {
             Val::Tile { expr, dims } if !is_simple(&expr) => {
                 let name = self.f_name(id);
-                self.line(inner, format!("{name} = {expr}"));
+                self.line_at(level, format!("{name} = {expr}"));
                 Val::Tile { expr: name, dims }
             }
             other => other,
         };
-        if inner {
-            if let Some((_, _, memo)) = &mut self.inner {
-                memo.insert(id, v.clone());
-            }
-        } else {
-            self.memo.insert(id, v.clone());
-        }
+        self.memo_at(level).insert(id, v.clone());
         Ok(v)
     }
 
@@ -798,10 +812,8 @@ impl KernelEmitter<'_, '_> {
             ..
         } = &node.kind
         {
-            if self.loop_axis().is_some() {
-                return Err(err(
-                    "a fold inside another fold's loop (nested loop axes) is not lowered yet",
-                ));
+            if self.inner.iter().any(|l| &l.axis == a) {
+                return Err(err("a fold over an axis whose loop is open"));
             }
             if !self.kernel.loop_axes.contains(a) {
                 return Err(err("a fold over an axis that is not a loop axis"));
@@ -973,9 +985,13 @@ impl KernelEmitter<'_, '_> {
             .collect();
         let deps = |n: NodeId| fold_deps(body, n, &pending);
         let id_deps = deps(id);
+        // The loop goes where the fold's result lives (inside the loops of its other axes);
+        // independent folds over the same axis living there share it.
+        let level = self.level_of(id);
         let mut group = vec![id];
         for m in &pending {
-            if *m != id && deps(*m).is_empty() && !id_deps.contains(m) {
+            if *m != id && deps(*m).is_empty() && !id_deps.contains(m) && self.level_of(*m) == level
+            {
                 group.push(*m);
             }
         }
@@ -1010,8 +1026,8 @@ impl KernelEmitter<'_, '_> {
                 let dims = self.dims_of(t);
                 let name = self.tmp(&format!("acc{i}"));
                 let lens: Vec<String> = dims.iter().map(|d| d.len.clone()).collect();
-                self.line(
-                    false,
+                self.line_at(
+                    level,
                     format!(
                         "{name} = tl.full([{}], {}, tl.float32)",
                         lens.join(", "),
@@ -1022,7 +1038,11 @@ impl KernelEmitter<'_, '_> {
             }
             inits.push(states);
         }
-        self.inner = Some((a.clone(), Vec::new(), HashMap::new()));
+        self.inner.push(Loop {
+            axis: a.clone(),
+            lines: Vec::new(),
+            memo: HashMap::new(),
+        });
         self.axis_offsets(&a, true);
         for (m, states) in group.iter().zip(&inits) {
             let node = &body.nodes[m.index()];
@@ -1080,12 +1100,12 @@ impl KernelEmitter<'_, '_> {
                 self.line(true, format!("{s} = {t}"));
             }
         }
-        let Some((_, lines, _)) = self.inner.take() else {
+        let Some(Loop { lines, .. }) = self.inner.pop() else {
             return Err((id, "loop state lost".into()));
         };
-        self.outer.push(format!("for c_{a} in range(0, EXT_{a}):"));
+        self.line_at(level, format!("for c_{a} in range(0, EXT_{a}):"));
         for l in lines {
-            self.outer.push(format!("    {l}"));
+            self.line_at(level, format!("    {l}"));
         }
         let mut result = None;
         for (m, states) in group.iter().zip(inits) {
@@ -1102,7 +1122,7 @@ impl KernelEmitter<'_, '_> {
             if *m == id {
                 result = Some(v.clone());
             } else {
-                self.memo.insert(*m, v);
+                self.memo_at(level).insert(*m, v);
             }
         }
         result.ok_or((id, "fold lost".into()))
@@ -1118,7 +1138,14 @@ impl KernelEmitter<'_, '_> {
             if !seen.insert(c) {
                 continue;
             }
-            if has_axis(body.ty(c), a) {
+            // Values along `a`, or along the axis of a loop not open yet (a nested fold's
+            // operands), are computed inside; their operands may still be hoisted.
+            let unopened = self
+                .kernel
+                .loop_axes
+                .iter()
+                .any(|l| has_axis(body.ty(c), l) && !self.inner.iter().any(|o| &o.axis == l));
+            if has_axis(body.ty(c), a) || unopened {
                 if self.ctx.g.load_base[c.index()].is_none() {
                     stack.extend(body.nodes[c.index()].kind.operands());
                 }
