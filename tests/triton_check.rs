@@ -67,6 +67,12 @@ fn extracted_candidates_run_and_compile() {
         assert_eq!(count(summary, " failed"), 0, "{name}: {summary}");
         let lowered = count(summary, " function(s) lowered");
         assert!(lowered > 0, "{name}: nothing lowered: {summary}");
+        // Every extracted candidate is lowered.
+        assert_eq!(
+            count(summary, " not lowered"),
+            0,
+            "{name}: {summary}\n{stderr}"
+        );
         // Every lowered candidate ran once per block size.
         assert_eq!(
             count(summary, " run(s) ok"),
@@ -96,7 +102,7 @@ fn multi_head_attention_candidates_run() {
             cmd.args(["--set", s]);
         }
         let out = cmd
-            .arg("--passes=saturate,extract{max-candidates=12},triton-check{blocks=16}")
+            .arg("--passes=saturate,extract{max-candidates=12},triton-check{blocks=16,32}")
             .arg(root.join("examples").join(format!("{name}.ef")))
             .env("EFOPT_PYTHON", &python)
             .output()
@@ -111,7 +117,16 @@ fn multi_head_attention_candidates_run() {
         assert_eq!(count(summary, " failed"), 0, "{name}: {summary}");
         let lowered = count(summary, " function(s) lowered");
         assert!(lowered >= 5, "{name}: {summary}");
-        assert_eq!(count(summary, " run(s) ok"), lowered, "{name}: {summary}");
+        assert_eq!(
+            count(summary, " not lowered"),
+            0,
+            "{name}: {summary}\n{stderr}"
+        );
+        assert_eq!(
+            count(summary, " run(s) ok"),
+            2 * lowered,
+            "{name}: {summary}"
+        );
     }
 }
 

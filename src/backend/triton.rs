@@ -820,6 +820,9 @@ impl KernelEmitter<'_, '_> {
             }
             return self.fold_group(id, a.clone());
         }
+        if let Some(a) = crate::lower::collection_fold_axis(body, id) {
+            return self.collection_fold(id, a.clone());
+        }
         let mut vals = Vec::new();
         for o in &ops {
             vals.push(self.value(*o)?);
@@ -1126,6 +1129,136 @@ impl KernelEmitter<'_, '_> {
             }
         }
         result.ok_or((id, "fold lost".into()))
+    }
+
+    /// `reduce (collection[a](x)) axis=0`: a loop over `a` folding each tile's `x` into one
+    /// accumulator with the built-in reducer, instead of a stored stack of partial values.
+    fn collection_fold(&mut self, id: NodeId, a: String) -> Result<Val, (NodeId, String)> {
+        let body = &self.ctx.f.body;
+        let node = &body.nodes[id.index()];
+        let ExprKind::Reduce {
+            input,
+            reducer,
+            keep_dims,
+            ..
+        } = &node.kind
+        else {
+            return Err((id, "a malformed collection fold".into()));
+        };
+        let ExprKind::Collection(_, x) = body.nodes[input.index()].kind else {
+            return Err((id, "a malformed collection fold".into()));
+        };
+        let (reducer, keep_dims) = (reducer.clone(), *keep_dims);
+        let types: Vec<TensorType> = match node.ty.as_ref() {
+            Some(Type::Tensor(t)) => vec![t.clone()],
+            Some(Type::Tuple(ts)) => ts.iter().filter_map(|t| t.as_tensor().cloned()).collect(),
+            None => return Err((id, "an untyped fold".into())),
+        };
+        if self.inner.iter().any(|l| l.axis == a) {
+            return Err((id, "a fold over an axis whose loop is open".into()));
+        }
+        let init: Vec<f64> = match &reducer {
+            ReducerRef::Builtin(r) => vec![builtin_identity(*r)],
+            ReducerRef::User(n) => match self.ctx.module.reducer(n) {
+                Some(def) if !keep_dims => def.init.clone(),
+                Some(_) => return Err((id, "keep_dims on a user-reducer collection fold".into())),
+                None => return Err((id, format!("unknown reducer @{n}"))),
+            },
+        };
+        let level = self.level_of(id);
+        self.outside_operands(x, &a)?;
+        let mut states = Vec::new();
+        for (i, t) in types.iter().enumerate() {
+            let dims = self.dims_of(t);
+            let acc = self.tmp(&format!("acc{i}"));
+            let lens: Vec<String> = dims.iter().map(|d| d.len.clone()).collect();
+            self.line_at(
+                level,
+                format!(
+                    "{acc} = tl.full([{}], {}, tl.float32)",
+                    lens.join(", "),
+                    float_lit(init.get(i).copied().unwrap_or(0.0))
+                ),
+            );
+            states.push((acc, dims));
+        }
+        self.inner.push(Loop {
+            axis: a.clone(),
+            lines: Vec::new(),
+            memo: HashMap::new(),
+        });
+        self.axis_offsets(&a, true);
+        let item = self.value(x)?;
+        let next: Vec<String> = match &reducer {
+            ReducerRef::Builtin(r) => {
+                let (item, item_dims) = item.tile().map_err(|e| (id, e))?;
+                let item = if keep_dims {
+                    format!("({item})[None{}]", ", :".repeat(item_dims.len()))
+                } else {
+                    item.to_string()
+                };
+                let acc = &states[0].0;
+                vec![match r {
+                    BuiltinReducer::Add => format!("{acc} + {item}"),
+                    BuiltinReducer::Max => format!("tl.maximum({acc}, {item})"),
+                    BuiltinReducer::Min => format!("tl.minimum({acc}, {item})"),
+                    BuiltinReducer::Mul => {
+                        return Err((id, "a product reduction is not lowered yet".into()))
+                    }
+                }]
+            }
+            ReducerRef::User(n) => {
+                let Some(def) = self.ctx.module.reducer(n) else {
+                    return Err((id, format!("unknown reducer @{n}")));
+                };
+                let mut args: Vec<Val> = states
+                    .iter()
+                    .map(|(n, d)| Val::Tile {
+                        expr: n.clone(),
+                        dims: d.clone(),
+                    })
+                    .collect();
+                match item {
+                    Val::Tuple(v) => args.extend(v),
+                    t => args.push(t),
+                }
+                let out = match self.inline_reducer(def, args).map_err(|e| (id, e))? {
+                    Val::Tuple(v) => v,
+                    t => vec![t],
+                };
+                let mut exprs = Vec::new();
+                for v in out {
+                    exprs.push(v.tile().map_err(|e| (id, e))?.0.to_string());
+                }
+                exprs
+            }
+        };
+        // Evaluate every new state before assigning any (they read the old ones).
+        let mut fresh = Vec::new();
+        for e in next {
+            let t = self.tmp("nxt");
+            self.line(true, format!("{t} = {e}"));
+            fresh.push(t);
+        }
+        for ((s, _), t) in states.iter().zip(fresh) {
+            self.line(true, format!("{s} = {t}"));
+        }
+        let Some(Loop { lines, .. }) = self.inner.pop() else {
+            return Err((id, "loop state lost".into()));
+        };
+        self.line_at(level, format!("for c_{a} in range(0, EXT_{a}):"));
+        for l in lines {
+            self.line_at(level, format!("    {l}"));
+        }
+        let vals: Vec<Val> = states
+            .into_iter()
+            .map(|(n, d)| Val::Tile { expr: n, dims: d })
+            .collect();
+        Ok(if matches!(node.ty, Some(Type::Tuple(_))) {
+            Val::Tuple(vals)
+        } else {
+            vals.into_iter().next().unwrap_or(Val::Tuple(vec![]))
+        })
     }
 
     /// Emits, outside the loop over `a`, every value below `n` that does not vary along `a`.

@@ -91,6 +91,30 @@ pub fn loads_and_constants(body: &Body) -> (Vec<Option<NodeId>>, Vec<bool>) {
     (load_base, constant)
 }
 
+/// The axis of `reduce (collection[a](x)) axis=0` inside a region:
+/// a fold over `a` written as a collection of per-tile values reduced along the stack, which
+/// a kernel computes as a loop over `a` instead of storing the stack.
+pub fn collection_fold_axis(body: &Body, id: NodeId) -> Option<&String> {
+    let ExprKind::Reduce {
+        input,
+        over: ReduceOver::Axis(d),
+        ..
+    } = &body.node(id).kind
+    else {
+        return None;
+    };
+    let ExprKind::Collection(a, _) = &body.node(*input).kind else {
+        return None;
+    };
+    // A stacked tuple (a user reducer's items): every field is stacked along dimension 0.
+    let t = match body.ty(*input)? {
+        Type::Tensor(t) => t,
+        Type::Tuple(ts) => ts.first()?.as_tensor()?,
+    };
+    let stacked = crate::passes::typing::resolve_dim(&t.shape, d).ok() == Some(0);
+    (stacked && !t.par.is_empty()).then_some(a)
+}
+
 /// Partitions a verified candidate into kernels, in launch order when there is one.
 pub fn kernel_graph(f: &Function) -> KernelGraph {
     let body = &f.body;
@@ -246,11 +270,14 @@ pub fn kernel_graph(f: &Function) -> KernelGraph {
                 note(t, &mut axes);
             }
         }
-        if let ExprKind::Reduce {
-            over: ReduceOver::Parallel(a),
-            ..
-        } = &nodes[i].kind
-        {
+        let folded = match &nodes[i].kind {
+            ExprKind::Reduce {
+                over: ReduceOver::Parallel(a),
+                ..
+            } => Some(a),
+            _ => collection_fold_axis(body, NodeId(i as u32)),
+        };
+        if let Some(a) = folded {
             if !kernels[k].loop_axes.contains(a) {
                 kernels[k].loop_axes.push(a.clone());
             }
