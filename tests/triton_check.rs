@@ -27,13 +27,48 @@ fn venv_python(root: &Path) -> PathBuf {
     python
 }
 
+/// Runs `efopt` with `passes` on an example at `sizes` and checks the `triton-check`
+/// summary: success, no failure, every extracted candidate lowered and run once per block
+/// size (two here). Returns the summary line.
+fn check_example(name: &str, sizes: &[&str], passes: &str) -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_efopt"));
+    for s in sizes {
+        cmd.args(["--set", s]);
+    }
+    let out = cmd
+        .arg(format!("--passes={passes}"))
+        .arg(root.join("examples").join(format!("{name}.ef")))
+        .env("EFOPT_PYTHON", venv_python(root))
+        .output()
+        .expect("efopt runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let summary = stdout
+        .lines()
+        .find(|l| l.starts_with("// triton-check:"))
+        .unwrap_or_else(|| panic!("{name}: no triton-check summary\n{stdout}\n{stderr}"))
+        .to_string();
+    assert!(out.status.success(), "{name}: {summary}\n{stderr}");
+    assert_eq!(count(&summary, " failed"), 0, "{name}: {summary}");
+    let lowered = count(&summary, " function(s) lowered");
+    assert!(lowered > 0, "{name}: nothing lowered: {summary}");
+    assert_eq!(
+        count(&summary, " not lowered"),
+        0,
+        "{name}: {summary}\n{stderr}"
+    );
+    assert_eq!(
+        count(&summary, " run(s) ok"),
+        2 * lowered,
+        "{name}: {summary}"
+    );
+    summary
+}
+
 #[test]
 fn extracted_candidates_run_and_compile() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let python = venv_python(root);
-    let small = [
-        "--set", "B=4", "--set", "H=48", "--set", "F=40", "--set", "N=40", "--set", "R=16",
-    ];
+    let small = ["B=4", "H=48", "F=40", "N=40", "R=16"];
     for (name, sized) in [
         ("attention_m0", false),
         ("attention_m2", false),
@@ -47,40 +82,14 @@ fn extracted_candidates_run_and_compile() {
         ("rmsnorm_swiglu", true),
         ("layernorm_gemm", true),
     ] {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_efopt"));
-        if sized {
-            cmd.args(small);
-        }
-        let out = cmd
-            .arg("--passes=saturate,extract{max-candidates=6},triton-check{compile=sm_90 blocks=16,32}")
-            .arg(root.join("examples").join(format!("{name}.ef")))
-            .env("EFOPT_PYTHON", &python)
-            .output()
-            .expect("efopt runs");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let summary = stdout
-            .lines()
-            .find(|l| l.starts_with("// triton-check:"))
-            .unwrap_or_else(|| panic!("{name}: no triton-check summary\n{stdout}\n{stderr}"));
-        assert!(out.status.success(), "{name}: {summary}\n{stderr}");
-        assert_eq!(count(summary, " failed"), 0, "{name}: {summary}");
-        let lowered = count(summary, " function(s) lowered");
-        assert!(lowered > 0, "{name}: nothing lowered: {summary}");
-        // Every extracted candidate is lowered.
-        assert_eq!(
-            count(summary, " not lowered"),
-            0,
-            "{name}: {summary}\n{stderr}"
-        );
-        // Every lowered candidate ran once per block size.
-        assert_eq!(
-            count(summary, " run(s) ok"),
-            2 * lowered,
-            "{name}: {summary}"
+        let sizes: &[&str] = if sized { &small } else { &[] };
+        let summary = check_example(
+            name,
+            sizes,
+            "saturate,extract{max-candidates=6},triton-check{compile=sm_90 blocks=16,32}",
         );
         assert!(
-            count(summary, " kernel compilation") > 0,
+            count(&summary, " kernel compilation") > 0,
             "{name}: {summary}"
         );
     }
@@ -91,40 +100,17 @@ fn extracted_candidates_run_and_compile() {
 /// 5-d broadcast tiles for sm_90 takes about half a minute per kernel.
 #[test]
 fn multi_head_attention_candidates_run() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let python = venv_python(root);
     for (name, sizes) in [
         ("mha_decode", &["B=2", "NH=2", "K=32", "D=16"][..]),
         ("mha_prefill", &["B=2", "NH=2", "Q=16", "K=32", "D=16"][..]),
     ] {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_efopt"));
-        for s in sizes {
-            cmd.args(["--set", s]);
-        }
-        let out = cmd
-            .arg("--passes=saturate,extract{max-candidates=12},triton-check{blocks=16,32}")
-            .arg(root.join("examples").join(format!("{name}.ef")))
-            .env("EFOPT_PYTHON", &python)
-            .output()
-            .expect("efopt runs");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let summary = stdout
-            .lines()
-            .find(|l| l.starts_with("// triton-check:"))
-            .unwrap_or_else(|| panic!("{name}: no triton-check summary\n{stdout}\n{stderr}"));
-        assert!(out.status.success(), "{name}: {summary}\n{stderr}");
-        assert_eq!(count(summary, " failed"), 0, "{name}: {summary}");
-        let lowered = count(summary, " function(s) lowered");
-        assert!(lowered >= 5, "{name}: {summary}");
-        assert_eq!(
-            count(summary, " not lowered"),
-            0,
-            "{name}: {summary}\n{stderr}"
+        let summary = check_example(
+            name,
+            sizes,
+            "saturate,extract{max-candidates=12},triton-check{blocks=16,32}",
         );
-        assert_eq!(
-            count(summary, " run(s) ok"),
-            2 * lowered,
+        assert!(
+            count(&summary, " function(s) lowered") >= 5,
             "{name}: {summary}"
         );
     }

@@ -448,6 +448,9 @@ pub fn emit_function(
     })
 }
 
+/// Fold state variables and their blocks.
+type FoldStates = Vec<(String, Vec<BlockDim>)>;
+
 struct Loop {
     axis: String,
     lines: Vec<String>,
@@ -847,12 +850,6 @@ impl KernelEmitter<'_, '_> {
                 }
             }
         }
-        let reducer_dims = |d: &DimRef, dims: &[BlockDim]| -> Option<usize> {
-            match d {
-                DimRef::Index(i) => Some(*i),
-                DimRef::Name(n) => dims.iter().position(|b| b.name.as_deref() == Some(n)),
-            }
-        };
         self.dot_dtypes = match &kind {
             ExprKind::TileMatMul { a, b, .. } | ExprKind::MatMul { a, b, .. } => {
                 match (body.ty(*a), body.ty(*b)) {
@@ -862,7 +859,7 @@ impl KernelEmitter<'_, '_> {
             }
             _ => None,
         };
-        self.op(&kind, vals, ty.as_ref().or(annot.as_ref()), &reducer_dims)
+        self.op(&kind, vals, ty.as_ref().or(annot.as_ref()), &dim_position)
             .map_err(|m| (id, m))
     }
 
@@ -887,15 +884,9 @@ impl KernelEmitter<'_, '_> {
             };
             vals.push(self.load(o, dims[start..].to_vec(), at)?);
         }
-        let names = |d: &DimRef, dims: &[BlockDim]| -> Option<usize> {
-            match d {
-                DimRef::Index(i) => Some(*i),
-                DimRef::Name(n) => dims.iter().position(|b| b.name.as_deref() == Some(n)),
-            }
-        };
         let kind = node.kind.clone();
         let ty = node.ty.clone();
-        self.op(&kind, vals, ty.as_ref(), &names)
+        self.op(&kind, vals, ty.as_ref(), &dim_position)
             .map_err(|m| (at, m))
     }
 
@@ -1012,41 +1003,9 @@ impl KernelEmitter<'_, '_> {
             let ExprKind::Reduce { reducer, .. } = &node.kind else {
                 continue;
             };
-            let types: Vec<TensorType> = match node.ty.as_ref() {
-                Some(Type::Tensor(t)) => vec![t.clone()],
-                Some(Type::Tuple(ts)) => ts.iter().filter_map(|t| t.as_tensor().cloned()).collect(),
-                None => return Err((*m, "an untyped fold".into())),
-            };
-            let init: Vec<f64> = match reducer {
-                ReducerRef::Builtin(r) => vec![builtin_identity(*r)],
-                ReducerRef::User(n) => match self.ctx.module.reducer(n) {
-                    Some(def) => def.init.clone(),
-                    None => return Err((*m, format!("unknown reducer @{n}"))),
-                },
-            };
-            let mut states = Vec::new();
-            for (i, t) in types.iter().enumerate() {
-                let dims = self.dims_of(t);
-                let name = self.tmp(&format!("acc{i}"));
-                let lens: Vec<String> = dims.iter().map(|d| d.len.clone()).collect();
-                self.line_at(
-                    level,
-                    format!(
-                        "{name} = tl.full([{}], {}, tl.float32)",
-                        lens.join(", "),
-                        float_lit(init.get(i).copied().unwrap_or(0.0))
-                    ),
-                );
-                states.push((name, dims));
-            }
-            inits.push(states);
+            inits.push(self.fold_states(level, *m, reducer)?);
         }
-        self.inner.push(Loop {
-            axis: a.clone(),
-            lines: Vec::new(),
-            memo: HashMap::new(),
-        });
-        self.axis_offsets(&a, true);
+        self.open_loop(&a);
         for (m, states) in group.iter().zip(&inits) {
             let node = &body.nodes[m.index()];
             let ExprKind::Reduce { input, reducer, .. } = node.kind.clone() else {
@@ -1091,25 +1050,13 @@ impl KernelEmitter<'_, '_> {
                     }
                 }
             };
-            // Evaluate every new state before assigning any (they read the old ones).
-            let mut fresh = Vec::new();
+            let mut exprs = Vec::new();
             for v in next {
-                let (e, _) = v.tile().map_err(|e| (*m, e))?;
-                let t = self.tmp("nxt");
-                self.line(true, format!("{t} = {e}"));
-                fresh.push(t);
+                exprs.push(v.tile().map_err(|e| (*m, e))?.0.to_string());
             }
-            for ((s, _), t) in states.iter().zip(fresh) {
-                self.line(true, format!("{s} = {t}"));
-            }
+            self.assign_states(states, exprs);
         }
-        let Some(Loop { lines, .. }) = self.inner.pop() else {
-            return Err((id, "loop state lost".into()));
-        };
-        self.line_at(level, format!("for c_{a} in range(0, EXT_{a}):"));
-        for l in lines {
-            self.line_at(level, format!("    {l}"));
-        }
+        self.close_loop(level, &a, id)?;
         let mut result = None;
         for (m, states) in group.iter().zip(inits) {
             self.folds_done.insert(*m);
@@ -1131,6 +1078,82 @@ impl KernelEmitter<'_, '_> {
         result.ok_or((id, "fold lost".into()))
     }
 
+    /// The state variables of fold `id`, initialised at `level` (where its result lives).
+    fn fold_states(
+        &mut self,
+        level: Option<usize>,
+        id: NodeId,
+        reducer: &ReducerRef,
+    ) -> Result<FoldStates, (NodeId, String)> {
+        let types: Vec<TensorType> = match self.ctx.f.body.ty(id) {
+            Some(Type::Tensor(t)) => vec![t.clone()],
+            Some(Type::Tuple(ts)) => ts.iter().filter_map(|t| t.as_tensor().cloned()).collect(),
+            None => return Err((id, "an untyped fold".into())),
+        };
+        let init: Vec<f64> = match reducer {
+            ReducerRef::Builtin(r) => vec![builtin_identity(*r)],
+            ReducerRef::User(n) => match self.ctx.module.reducer(n) {
+                Some(def) => def.init.clone(),
+                None => return Err((id, format!("unknown reducer @{n}"))),
+            },
+        };
+        let mut states = Vec::new();
+        for (i, t) in types.iter().enumerate() {
+            let dims = self.dims_of(t);
+            let name = self.tmp(&format!("acc{i}"));
+            let lens: Vec<String> = dims.iter().map(|d| d.len.clone()).collect();
+            self.line_at(
+                level,
+                format!(
+                    "{name} = tl.full([{}], {}, tl.float32)",
+                    lens.join(", "),
+                    float_lit(init.get(i).copied().unwrap_or(0.0))
+                ),
+            );
+            states.push((name, dims));
+        }
+        Ok(states)
+    }
+
+    fn open_loop(&mut self, a: &str) {
+        self.inner.push(Loop {
+            axis: a.to_string(),
+            lines: Vec::new(),
+            memo: HashMap::new(),
+        });
+        self.axis_offsets(a, true);
+    }
+
+    /// Closes the innermost loop (over `a`), writing it at `level`.
+    fn close_loop(
+        &mut self,
+        level: Option<usize>,
+        a: &str,
+        id: NodeId,
+    ) -> Result<(), (NodeId, String)> {
+        let Some(Loop { lines, .. }) = self.inner.pop() else {
+            return Err((id, "loop state lost".into()));
+        };
+        self.line_at(level, format!("for c_{a} in range(0, EXT_{a}):"));
+        for l in lines {
+            self.line_at(level, format!("    {l}"));
+        }
+        Ok(())
+    }
+
+    /// New fold states, all evaluated before any is assigned (they read the old ones).
+    fn assign_states(&mut self, states: &[(String, Vec<BlockDim>)], next: Vec<String>) {
+        let mut fresh = Vec::new();
+        for e in next {
+            let t = self.tmp("nxt");
+            self.line(true, format!("{t} = {e}"));
+            fresh.push(t);
+        }
+        for ((s, _), t) in states.iter().zip(fresh) {
+            self.line(true, format!("{s} = {t}"));
+        }
+    }
+
     /// `reduce (collection[a](x)) axis=0`: a loop over `a` folding each tile's `x` into one
     /// accumulator with the built-in reducer, instead of a stored stack of partial values.
     fn collection_fold(&mut self, id: NodeId, a: String) -> Result<Val, (NodeId, String)> {
@@ -1149,45 +1172,16 @@ impl KernelEmitter<'_, '_> {
             return Err((id, "a malformed collection fold".into()));
         };
         let (reducer, keep_dims) = (reducer.clone(), *keep_dims);
-        let types: Vec<TensorType> = match node.ty.as_ref() {
-            Some(Type::Tensor(t)) => vec![t.clone()],
-            Some(Type::Tuple(ts)) => ts.iter().filter_map(|t| t.as_tensor().cloned()).collect(),
-            None => return Err((id, "an untyped fold".into())),
-        };
         if self.inner.iter().any(|l| l.axis == a) {
             return Err((id, "a fold over an axis whose loop is open".into()));
         }
-        let init: Vec<f64> = match &reducer {
-            ReducerRef::Builtin(r) => vec![builtin_identity(*r)],
-            ReducerRef::User(n) => match self.ctx.module.reducer(n) {
-                Some(def) if !keep_dims => def.init.clone(),
-                Some(_) => return Err((id, "keep_dims on a user-reducer collection fold".into())),
-                None => return Err((id, format!("unknown reducer @{n}"))),
-            },
-        };
+        if keep_dims && matches!(reducer, ReducerRef::User(_)) {
+            return Err((id, "keep_dims on a user-reducer collection fold".into()));
+        }
         let level = self.level_of(id);
         self.outside_operands(x, &a)?;
-        let mut states = Vec::new();
-        for (i, t) in types.iter().enumerate() {
-            let dims = self.dims_of(t);
-            let acc = self.tmp(&format!("acc{i}"));
-            let lens: Vec<String> = dims.iter().map(|d| d.len.clone()).collect();
-            self.line_at(
-                level,
-                format!(
-                    "{acc} = tl.full([{}], {}, tl.float32)",
-                    lens.join(", "),
-                    float_lit(init.get(i).copied().unwrap_or(0.0))
-                ),
-            );
-            states.push((acc, dims));
-        }
-        self.inner.push(Loop {
-            axis: a.clone(),
-            lines: Vec::new(),
-            memo: HashMap::new(),
-        });
-        self.axis_offsets(&a, true);
+        let states = self.fold_states(level, id, &reducer)?;
+        self.open_loop(&a);
         let item = self.value(x)?;
         let next: Vec<String> = match &reducer {
             ReducerRef::Builtin(r) => {
@@ -1233,23 +1227,8 @@ impl KernelEmitter<'_, '_> {
                 exprs
             }
         };
-        // Evaluate every new state before assigning any (they read the old ones).
-        let mut fresh = Vec::new();
-        for e in next {
-            let t = self.tmp("nxt");
-            self.line(true, format!("{t} = {e}"));
-            fresh.push(t);
-        }
-        for ((s, _), t) in states.iter().zip(fresh) {
-            self.line(true, format!("{s} = {t}"));
-        }
-        let Some(Loop { lines, .. }) = self.inner.pop() else {
-            return Err((id, "loop state lost".into()));
-        };
-        self.line_at(level, format!("for c_{a} in range(0, EXT_{a}):"));
-        for l in lines {
-            self.line_at(level, format!("    {l}"));
-        }
+        self.assign_states(&states, next);
+        self.close_loop(level, &a, id)?;
         let vals: Vec<Val> = states
             .into_iter()
             .map(|(n, d)| Val::Tile { expr: n, dims: d })
@@ -1310,13 +1289,7 @@ impl KernelEmitter<'_, '_> {
                 .iter()
                 .map(|o| vals[o.index()].clone().ok_or("reducer operand missing"))
                 .collect::<Result<_, _>>()?;
-            let resolve = |d: &DimRef, dims: &[BlockDim]| -> Option<usize> {
-                match d {
-                    DimRef::Index(i) => Some(*i),
-                    DimRef::Name(n) => dims.iter().position(|b| b.name.as_deref() == Some(n)),
-                }
-            };
-            let v = self.op(&node.kind, ops, node.annot.as_ref(), &resolve)?;
+            let v = self.op(&node.kind, ops, node.annot.as_ref(), &dim_position)?;
             let v = match v {
                 Val::Tile { expr, dims } if !is_simple(&expr) => {
                     let name =
@@ -1708,6 +1681,14 @@ fn whole_axes(f: &Function, k: &Kernel) -> Result<BTreeSet<String>, (NodeId, Str
         }
     }
     Ok(whole)
+}
+
+/// The position of a dimension among a tile's blocks (names are the program's dimension names).
+fn dim_position(d: &DimRef, dims: &[BlockDim]) -> Option<usize> {
+    match d {
+        DimRef::Index(i) => Some(*i),
+        DimRef::Name(n) => dims.iter().position(|b| b.name.as_deref() == Some(n)),
+    }
 }
 
 fn is_simple(e: &str) -> bool {
