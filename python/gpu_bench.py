@@ -33,11 +33,13 @@ import sys
 import time
 import traceback
 
-import torch
 import triton
 import triton.testing
 
-torch.backends.cuda.matmul.allow_tf32 = False
+try:
+    import torch
+except ImportError:  # the tile filter and schedule helpers are tested on CPU without torch
+    torch = None
 
 
 def rmsnorm(x, gamma, eps=1e-6):
@@ -295,10 +297,10 @@ def run_workload(name, paths, args, device):
         spec_mod.loader.exec_module(module)
         source = open(path).read()
         first.extend(time_candidates(name, variant, module, source, spec, record, rows, args))
-    timed = sorted((r for r, _ in first if "us" in r), key=lambda r: r["us"])
-    for row, fn in first:
+    timed = sorted((r for r, _, _ in first if "us" in r), key=lambda r: r["us"])
+    for row, fn, dots in first:
         if row in timed[: args.tune]:
-            space = schedule_space(fn, spec["sizes"], args.schedules, 1, fn.efopt_dots)
+            space = schedule_space(fn, spec["sizes"], args.schedules, 1, dots)
             for sched in [s for s in space if s != row["schedule"]]:
                 tuned = record(
                     row["impl"], lambda xs, fn=fn, s=sched: fn(*xs, schedule=s)[0], schedule=sched
@@ -306,12 +308,13 @@ def run_workload(name, paths, args, device):
                 print(json.dumps(dict(tuned, tuning=True)), flush=True)
                 if "us" in tuned and tuned["us"] < row["us"]:
                     row.update(us=tuned["us"], schedule=sched, rel_l2=tuned["rel_l2"])
-    rows.extend(r for r, _ in first)
+    rows.extend(r for r, _, _ in first)
     return rows
 
 
 def time_candidates(name, variant, module, source, spec, record, rows, args):
-    """Each candidate once, with the default schedule; returns (row, host function) pairs."""
+    """Each candidate once, with the default schedule; returns (row, host function, whether
+    its kernels use `tl.dot`) triples."""
     first, kept = [], 0
     for cname, fn in candidates(module, name):
         label = f"{variant}:{cname}" if variant else cname
@@ -322,10 +325,10 @@ def time_candidates(name, variant, module, source, spec, record, rows, args):
             print(json.dumps(rows[-1]), flush=True)
             continue
         kept += 1
-        fn.efopt_dots = kernels_use_dot(source, cname)
-        sched = schedule_space(fn, spec["sizes"], 1, 0)[0]
+        dots = kernels_use_dot(source, cname)
+        sched = schedule_space(fn, spec["sizes"], 1, 0, dots)[0]
         row = record(label, lambda xs, fn=fn, s=sched: fn(*xs, schedule=s)[0], schedule=sched)
-        first.append((row, fn))
+        first.append((row, fn, dots))
         print(json.dumps(row), flush=True)
     return first
 
@@ -341,6 +344,7 @@ def main():
     parser.add_argument("--json", default="")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
     device = "cuda"
     names = [n for n in WORKLOADS if not args.only or n in args.only.split(",")]
     print(

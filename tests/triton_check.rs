@@ -152,3 +152,20 @@ fn a_mismatch_fails_the_pipeline() {
     assert!(stdout.contains("MISMATCH"), "{stdout}");
     assert!(stderr.contains("triton-check: 1 failure(s)"), "{stderr}");
 }
+
+/// The GPU bench's CPU-side helpers (which candidates its tile filter times, the schedule
+/// space): `python/test_gpu_bench.py` under the venv's Python, which has no torch.
+#[test]
+fn gpu_bench_helpers() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(venv_python(root))
+        .arg(root.join("python/test_gpu_bench.py"))
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

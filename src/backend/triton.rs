@@ -1616,9 +1616,10 @@ impl KernelEmitter<'_, '_> {
 
 /// Axes combined inside kernel `k` (a `combination` whose result is still tiled). The kernel
 /// computes all their tiles at once, as one block spanning the dimension: the same value as
-/// long as nothing between the views and the combination depends on the tiling, so a
-/// reduction or product contraction across the split dimension, a fold or collection over
-/// the axis, a reshape, or a dimension split twice is refused.
+/// long as nothing between the views and the combination depends on the tiling. Reductions
+/// and product contractions across the split dimension cannot occur there (the verifier
+/// types their results partial, which no combination accepts); a fold or collection over the
+/// axis, a reshape or broadcast of its tiles, or a dimension split twice is refused.
 fn whole_axes(f: &Function, k: &Kernel) -> Result<BTreeSet<String>, (NodeId, String)> {
     let body = &f.body;
     let mut whole = BTreeSet::new();
@@ -1629,48 +1630,26 @@ fn whole_axes(f: &Function, k: &Kernel) -> Result<BTreeSet<String>, (NodeId, Str
             }
         }
     }
-    let split = |x: NodeId, a: &str| -> Option<(usize, usize)> {
-        match body.ty(x) {
-            Some(Type::Tensor(t)) => match t.par.0.get(a) {
-                Some(ParKind::Partition(i)) => Some((*i, t.shape.len())),
-                _ => None,
-            },
-            _ => None,
-        }
-    };
     for id in &k.nodes {
         let node = body.node(*id);
         for a in &whole {
-            let refused = match &node.kind {
-                ExprKind::Reduce {
-                    input,
-                    over: ReduceOver::Axis(d),
-                    ..
-                } => match (split(*input, a), body.ty(*input)) {
-                    (Some((i, _)), Some(Type::Tensor(t))) => {
-                        crate::passes::typing::resolve_dim(&t.shape, d).ok() == Some(i)
-                    }
-                    _ => false,
-                },
+            let over_axis = match &node.kind {
                 ExprKind::Reduce {
                     over: ReduceOver::Parallel(p),
                     ..
                 }
                 | ExprKind::Collection(p, _) => p == a,
-                ExprKind::TileMatMul { a: x, b: y, .. } | ExprKind::MatMul { a: x, b: y, .. } => {
-                    split(*x, a).is_some_and(|(i, r)| i + 1 == r)
-                        || split(*y, a).is_some_and(|(i, r)| i + 2 == r)
-                }
                 ExprKind::Reshape(..) | ExprKind::Broadcast(..) => has_axis(node.ty.as_ref(), a),
-                _ => match node.ty.as_ref() {
-                    Some(Type::Tensor(t)) => t
-                        .shape
-                        .iter()
-                        .any(|d| d.splits.len() > 1 && d.splits.contains(a)),
-                    _ => false,
-                },
+                _ => false,
             };
-            if refused {
+            let split_twice = match node.ty.as_ref() {
+                Some(Type::Tensor(t)) => t
+                    .shape
+                    .iter()
+                    .any(|d| d.splits.len() > 1 && d.splits.contains(a)),
+                _ => false,
+            };
+            if over_axis || split_twice {
                 return Err((
                     *id,
                     format!(
