@@ -2,7 +2,7 @@
 //!
 //! Every tile is a Triton block. A block dimension is either split by a parallel axis (length
 //! `BLOCK_<axis>`, offsets `c_<axis> * BLOCK_<axis> + arange`), or whole (length the next power
-//! of two of the dimension, at least 16, so that `tl.dot` accepts it), or 1. Blocks that
+//! of two of the dimension, at least 16 where a `tl.dot` multiplies along it), or 1. Blocks that
 //! overhang a dimension are masked: loads read 0 there, stores skip it, and reductions and
 //! matrix products replace the overhang by the reduction's identity (0 for products) first,
 //! so values computed on padding never reach a result. Grid axes become one flattened
@@ -196,6 +196,10 @@ struct Ctx<'a> {
     opts: TritonOptions,
     /// Size of the dimension each axis splits.
     axis_dim: BTreeMap<String, DimBase>,
+    /// Whole-dimension block lengths (`P_<name>`) that some `tl.dot` uses as rows, columns
+    /// or depth: only these are padded to 16. Padding the others (batch dimensions, say)
+    /// would multiply the work, and the compile time, by up to 16 for nothing.
+    dot_padded: std::cell::RefCell<BTreeSet<String>>,
 }
 
 /// Emits a module for the candidates: one kernel per region, one host function per candidate.
@@ -309,6 +313,7 @@ pub fn emit_function(
         g: &g,
         opts,
         axis_dim: axis_dims(f),
+        dot_padded: Default::default(),
     };
     let fname = names.fresh(&ident(&f.name));
     // Buffers: inputs by position, intermediates and results.
@@ -408,11 +413,7 @@ pub fn emit_function(
         if !bound.contains(&b.name) {
             let _ = writeln!(host, "    {} = {}", b.name, b.value);
         }
-        let _ = writeln!(
-            host,
-            "    P_{0} = max(16, triton.next_power_of_2({0}))",
-            b.name
-        );
+        let _ = writeln!(host, "    P_{0} = {1}", b.name, padded_len(&ctx, &b.name));
     }
     for a in &used_axes {
         if let Some(d) = ctx.axis_dim.get(a) {
@@ -426,7 +427,8 @@ pub fn emit_function(
         }
         let _ = writeln!(
             host,
-            "    P_EXT_{a} = max(16, triton.next_power_of_2(EXT_{a}))"
+            "    P_EXT_{a} = {}",
+            padded_len(&ctx, &format!("EXT_{a}"))
         );
     }
     for a in allocs {
@@ -450,6 +452,15 @@ pub fn emit_function(
 
 /// Fold state variables and their blocks.
 type FoldStates = Vec<(String, Vec<BlockDim>)>;
+
+/// The host expression for `P_<name>`, the block length of a whole dimension `name`.
+fn padded_len(ctx: &Ctx, name: &str) -> String {
+    if ctx.dot_padded.borrow().contains(name) {
+        format!("max(16, triton.next_power_of_2({name}))")
+    } else {
+        format!("triton.next_power_of_2({name})")
+    }
+}
 
 struct Loop {
     axis: String,
@@ -1474,6 +1485,11 @@ impl KernelEmitter<'_, '_> {
                     ),
                     _ => (a, b),
                 };
+                for len in [m, k, n] {
+                    if let Some(name) = len.strip_prefix("P_") {
+                        self.ctx.dot_padded.borrow_mut().insert(name.to_string());
+                    }
+                }
                 let expr = if r == 2 {
                     format!("tl.dot({a}, {b}, out_dtype=tl.float32)")
                 } else {
