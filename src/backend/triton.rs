@@ -318,7 +318,8 @@ pub fn emit_function(
     let fname = names.fresh(&ident(&f.name));
     // Buffers: inputs by position, intermediates and results.
     let body = &f.body;
-    let mut buffer: HashMap<NodeId, String> = HashMap::new();
+    // One buffer per stored tensor: (node, 0) for a tensor, (node, i) for field i of a tuple.
+    let mut buffer: HashMap<BufKey, String> = HashMap::new();
     let mut host_names = namer();
     let mut params = Vec::new();
     for (i, p) in body.params.iter().enumerate() {
@@ -327,7 +328,7 @@ pub fn emit_function(
             .clone()
             .unwrap_or_else(|| format!("in{i}"));
         let n = host_names.fresh(&ident(&base));
-        buffer.insert(*p, n.clone());
+        buffer.insert((*p, 0), n.clone());
         params.push(n);
     }
     let mut source = String::new();
@@ -337,28 +338,38 @@ pub fn emit_function(
     let used_axes: BTreeSet<String> = all_axes(f);
     for (ki, k) in g.kernels.iter().enumerate() {
         for o in &k.outputs {
-            if buffer.contains_key(o) {
+            if buffer.contains_key(&(*o, 0)) {
                 continue;
             }
-            let Some(Type::Tensor(t)) = body.ty(*o) else {
-                return Err((
-                    *o,
-                    "a kernel writes a tuple; only tensors can be stored".into(),
-                ));
+            // A stored tuple (partial results of a product fold, say) is one buffer per field.
+            let fields: Vec<&TensorType> = match body.ty(*o) {
+                Some(Type::Tensor(t)) => vec![t],
+                Some(Type::Tuple(ts)) => ts
+                    .iter()
+                    .map(|t| {
+                        t.as_tensor()
+                            .ok_or((*o, "a stored tuple of tuples".to_string()))
+                    })
+                    .collect::<Result<_, _>>()?,
+                None => return Err((*o, "an untyped stored value".into())),
             };
             let pos = body.results.iter().position(|r| r == o);
-            let n = host_names.fresh(&match pos {
-                Some(p) => format!("out{p}"),
-                None => "tmp".to_string(),
-            });
-            let shape: Vec<String> = t.shape.iter().map(|d| base_text(&d.base)).collect();
-            allocs.push(format!(
-                "    {n} = empty(({},), \"{}\", {})\n",
-                shape.join(", "),
-                dtype_host(t.dtype),
-                params.first().cloned().unwrap_or_else(|| "None".into())
-            ));
-            buffer.insert(*o, n);
+            for (i, t) in fields.into_iter().enumerate() {
+                let n = host_names.fresh(&match pos {
+                    Some(p) => format!("out{p}"),
+                    None => "tmp".to_string(),
+                });
+                let shape: Vec<String> = t.shape.iter().map(|d| base_text(&d.base)).collect();
+                // A Python tuple: `()` for a scalar, `(a,)` or `(a, b,)` otherwise.
+                let shape: String = shape.iter().map(|d| format!("{d}, ")).collect();
+                allocs.push(format!(
+                    "    {n} = empty(({}), \"{}\", {})\n",
+                    shape.trim_end(),
+                    dtype_host(t.dtype),
+                    params.first().cloned().unwrap_or_else(|| "None".into())
+                ));
+                buffer.insert((*o, i), n);
+            }
         }
         let kname = names.fresh(&format!("{fname}_k{ki}"));
         let (src, args, grid) = emit_kernel(&ctx, k, &kname, &buffer)?;
@@ -440,7 +451,12 @@ pub fn emit_function(
     let results: Vec<String> = body
         .results
         .iter()
-        .map(|r| buffer.get(r).cloned().unwrap_or_else(|| "None".to_string()))
+        .map(|r| {
+            buffer
+                .get(&(*r, 0))
+                .cloned()
+                .unwrap_or_else(|| "None".to_string())
+        })
         .collect();
     let _ = writeln!(host, "    return ({},)\n\n", results.join(", "));
     Ok(Emitted {
@@ -462,6 +478,70 @@ fn padded_len(ctx: &Ctx, name: &str) -> String {
     }
 }
 
+/// `r` over dimension `i` of tile `x`: the overhang replaced by the identity first.
+fn reduce_tile(
+    x: &str,
+    dims: &[BlockDim],
+    i: usize,
+    r: BuiltinReducer,
+    keep_dims: bool,
+) -> Result<Val, String> {
+    let dim = dims
+        .get(i)
+        .ok_or("reduction dimension out of range")?
+        .clone();
+    let x = match &dim.mask {
+        Some(m) => format!(
+            "tl.where({m}{}, {x}, {})",
+            index_for(dims.len(), i),
+            float_lit(builtin_identity(r))
+        ),
+        None => x.to_string(),
+    };
+    let f = match r {
+        BuiltinReducer::Add => "tl.sum",
+        BuiltinReducer::Max => "tl.max",
+        BuiltinReducer::Min => "tl.min",
+        BuiltinReducer::Mul => return Err("a product reduction is not lowered yet".into()),
+    };
+    let mut out = dims.to_vec();
+    if keep_dims {
+        out[i] = BlockDim {
+            len: "1".into(),
+            offs: "tl.arange(0, 1)".into(),
+            mask: None,
+            name: None,
+        };
+    } else {
+        out.remove(i);
+    }
+    let kd = if keep_dims { "True" } else { "False" };
+    Ok(if dims.len() == 1 && !keep_dims {
+        Val::Tile {
+            expr: format!("{f}({x}, axis=0)"),
+            dims: out,
+        }
+    } else {
+        Val::Tile {
+            expr: format!("{f}({x}, axis={i}, keep_dims={kd})"),
+            dims: out,
+        }
+    })
+}
+
+/// The axes a stored output combines tiles along (its chain of `combination`s).
+fn store_axes(body: &Body, mut o: NodeId) -> Vec<String> {
+    let mut axes = Vec::new();
+    while let ExprKind::Combination(_, a, x) = &body.node(o).kind {
+        axes.push(a.clone());
+        o = *x;
+    }
+    axes
+}
+
+/// A stored tensor: a node and, for a tuple-valued node, the field (0 for a tensor).
+type BufKey = (NodeId, usize);
+
 struct Loop {
     axis: String,
     lines: Vec<String>,
@@ -477,10 +557,15 @@ struct KernelEmitter<'c, 'a> {
     /// vary along its axis.
     inner: Vec<Loop>,
     memo: HashMap<NodeId, Val>,
-    ptr: BTreeMap<NodeId, String>,
-    buffer: &'c HashMap<NodeId, String>,
+    ptr: BTreeMap<BufKey, String>,
+    buffer: &'c HashMap<BufKey, String>,
     in_kernel: BTreeSet<NodeId>,
     folds_done: BTreeSet<NodeId>,
+    /// Outputs already stored (a store along a loop axis is written inside that loop).
+    stored: BTreeSet<NodeId>,
+    /// Collection folds done, by node: their result is computed before any loop over their
+    /// axis, so it is valid inside loops whose memo does not have it.
+    collection_folds: HashMap<NodeId, Val>,
     /// Axes the kernel combines inside itself: one block spans their whole dimension.
     whole: BTreeSet<String>,
     /// Operand dtypes of the matrix product being emitted (unknown in reducer bodies: f32).
@@ -491,7 +576,7 @@ fn emit_kernel(
     ctx: &Ctx,
     k: &Kernel,
     kname: &str,
-    buffer: &HashMap<NodeId, String>,
+    buffer: &HashMap<BufKey, String>,
 ) -> Result<(String, Vec<String>, String), (NodeId, String)> {
     let mut e = KernelEmitter {
         ctx,
@@ -504,6 +589,8 @@ fn emit_kernel(
         buffer,
         in_kernel: k.nodes.iter().copied().collect(),
         folds_done: BTreeSet::new(),
+        stored: BTreeSet::new(),
+        collection_folds: HashMap::new(),
         whole: whole_axes(ctx.f, k)?,
         dot_dtypes: None,
     };
@@ -529,15 +616,25 @@ fn emit_kernel(
         e.outer.push(format!("pid = pid // EXT_{a}"));
         e.axis_offsets(a, false);
     }
-    for o in &k.outputs {
-        e.store(*o)?;
+    // Stores along a loop axis happen inside that loop, when it closes; the others first,
+    // as they open the loops.
+    let (along_loop, plain): (Vec<NodeId>, Vec<NodeId>) = k.outputs.iter().partition(|o| {
+        store_axes(&ctx.f.body, **o)
+            .iter()
+            .any(|a| k.loop_axes.contains(a))
+    });
+    for o in plain {
+        e.store(o)?;
+    }
+    if let Some(o) = along_loop.into_iter().find(|o| !e.stored.contains(o)) {
+        return Err((o, "a store along a loop axis that no fold opens".into()));
     }
     // Signature.
     let mut sig = Vec::new();
     let mut args = Vec::new();
-    for (node, p) in &e.ptr {
+    for (key, p) in &e.ptr {
         sig.push(p.clone());
-        args.push(buffer.get(node).cloned().unwrap_or_else(|| "None".into()));
+        args.push(buffer.get(key).cloned().unwrap_or_else(|| "None".into()));
     }
     for b in &ctx.f.bindings {
         sig.push(b.name.clone());
@@ -700,18 +797,19 @@ impl KernelEmitter<'_, '_> {
             .collect()
     }
 
-    fn ptr_of(&mut self, node: NodeId) -> Result<String, (NodeId, String)> {
-        if let Some(p) = self.ptr.get(&node) {
+    fn ptr_of(&mut self, key: BufKey) -> Result<String, (NodeId, String)> {
+        if let Some(p) = self.ptr.get(&key) {
             return Ok(p.clone());
         }
-        let Some(host) = self.buffer.get(&node) else {
+        let node = key.0;
+        let Some(host) = self.buffer.get(&key) else {
             return Err((
                 node,
                 "a kernel reads a value no earlier kernel stores".into(),
             ));
         };
         let p = self.names.fresh(&format!("{}_ptr", ident(host)));
-        self.ptr.insert(node, p.clone());
+        self.ptr.insert(key, p.clone());
         Ok(p)
     }
 
@@ -726,7 +824,7 @@ impl KernelEmitter<'_, '_> {
 
     fn address(
         &mut self,
-        base: NodeId,
+        base: BufKey,
         shape: &[Dim],
         dims: &[BlockDim],
         leading: Option<String>,
@@ -794,12 +892,23 @@ impl KernelEmitter<'_, '_> {
             && !self.ctx.g.constant[id.index()]
             && !self.ctx.g.plumbing[id.index()];
         if tensor_level_read {
-            // A stored value read whole.
-            let Some(Type::Tensor(t)) = node.ty.as_ref() else {
-                return Err(err("a kernel reads a stored tuple whole"));
+            // A stored value read whole; a stored tuple field by field.
+            return match node.ty.as_ref() {
+                Some(Type::Tensor(t)) => {
+                    let dims = self.dims_of(t);
+                    self.load(id, dims, id)
+                }
+                Some(Type::Tuple(ts)) => {
+                    let mut fields = Vec::new();
+                    for (i, t) in ts.iter().enumerate() {
+                        let t = t.as_tensor().ok_or(err("a stored tuple of tuples"))?;
+                        let dims = self.dims_of(t);
+                        fields.push(self.load_field((id, i), t, dims, id)?);
+                    }
+                    Ok(Val::Tuple(fields))
+                }
+                None => Err(err("an untyped stored value")),
             };
-            let dims = self.dims_of(t);
-            return self.load(id, dims, id);
         }
         let ops: Vec<NodeId> = node.kind.operands();
         // Over a whole axis, a view or a combination of a block computed here is the block.
@@ -958,13 +1067,24 @@ impl KernelEmitter<'_, '_> {
         let Some(Type::Tensor(bt)) = bnode.ty.as_ref() else {
             return Err((at, "a load of a tuple".into()));
         };
+        self.load_field((base, 0), &bt.clone(), dims, at)
+    }
+
+    /// Loads a tile of the stored tensor `key` of type `bt`.
+    fn load_field(
+        &mut self,
+        key: BufKey,
+        bt: &TensorType,
+        dims: Vec<BlockDim>,
+        at: NodeId,
+    ) -> Result<Val, (NodeId, String)> {
         if bt.shape.len() != dims.len() {
             return Err((
                 at,
                 "a load whose tile rank differs from the tensor's".into(),
             ));
         }
-        let addr = self.address(base, &bt.shape.clone(), &dims, None)?;
+        let addr = self.address(key, &bt.shape, &dims, None)?;
         let mask = mask_all(&dims);
         let expr = match mask {
             Some(m) => format!("tl.load({addr}, mask={m}, other=0.0).to(tl.float32)"),
@@ -1142,6 +1262,19 @@ impl KernelEmitter<'_, '_> {
         a: &str,
         id: NodeId,
     ) -> Result<(), (NodeId, String)> {
+        // Outputs combined along `a` are stored tile by tile, inside the loop.
+        let along: Vec<NodeId> = self
+            .kernel
+            .outputs
+            .iter()
+            .copied()
+            .filter(|o| {
+                !self.stored.contains(o) && store_axes(&self.ctx.f.body, *o).iter().any(|x| x == a)
+            })
+            .collect();
+        for o in along {
+            self.store(o)?;
+        }
         let Some(Loop { lines, .. }) = self.inner.pop() else {
             return Err((id, "loop state lost".into()));
         };
@@ -1168,6 +1301,9 @@ impl KernelEmitter<'_, '_> {
     /// `reduce (collection[a](x)) axis=0`: a loop over `a` folding each tile's `x` into one
     /// accumulator with the built-in reducer, instead of a stored stack of partial values.
     fn collection_fold(&mut self, id: NodeId, a: String) -> Result<Val, (NodeId, String)> {
+        if let Some(v) = self.collection_folds.get(&id) {
+            return Ok(v.clone());
+        }
         let body = &self.ctx.f.body;
         let node = &body.nodes[id.index()];
         let ExprKind::Reduce {
@@ -1179,17 +1315,26 @@ impl KernelEmitter<'_, '_> {
         else {
             return Err((id, "a malformed collection fold".into()));
         };
-        let ExprKind::Collection(_, x) = body.nodes[input.index()].kind else {
+        let stack = crate::lower::stack_of(body, *input);
+        let ExprKind::Collection(_, x) = body.nodes[stack.index()].kind else {
             return Err((id, "a malformed collection fold".into()));
         };
         let (reducer, keep_dims) = (reducer.clone(), *keep_dims);
-        if self.inner.iter().any(|l| l.axis == a) {
-            return Err((id, "a fold over an axis whose loop is open".into()));
-        }
         if keep_dims && matches!(reducer, ReducerRef::User(_)) {
             return Err((id, "keep_dims on a user-reducer collection fold".into()));
         }
-        let level = self.level_of(id);
+        // The fold lives outside every loop over `a`: its result does not vary along `a`
+        // (replicated, it is the whole stack's fold in every tile), so it is computed before
+        // an open loop over `a`, not inside it; a loop over `a` enclosing its own level would
+        // nest one loop over `a` in another.
+        let t = body.ty(id);
+        let level = (0..self.inner.len())
+            .rev()
+            .find(|i| self.inner[*i].axis != a && has_axis(t, &self.inner[*i].axis));
+        let enclosing = level.map_or(0, |l| l + 1);
+        if self.inner[..enclosing].iter().any(|l| l.axis == a) {
+            return Err((id, "a fold over an axis whose loop is open".into()));
+        }
         self.outside_operands(x, &a)?;
         let states = self.fold_states(level, id, &reducer)?;
         self.open_loop(&a);
@@ -1244,11 +1389,13 @@ impl KernelEmitter<'_, '_> {
             .into_iter()
             .map(|(n, d)| Val::Tile { expr: n, dims: d })
             .collect();
-        Ok(if matches!(node.ty, Some(Type::Tuple(_))) {
+        let v = if matches!(node.ty, Some(Type::Tuple(_))) {
             Val::Tuple(vals)
         } else {
             vals.into_iter().next().unwrap_or(Val::Tuple(vec![]))
-        })
+        };
+        self.collection_folds.insert(id, v.clone());
+        Ok(v)
     }
 
     /// Emits, outside the loop over `a`, every value below `n` that does not vary along `a`.
@@ -1268,7 +1415,9 @@ impl KernelEmitter<'_, '_> {
                 .loop_axes
                 .iter()
                 .any(|l| has_axis(body.ty(c), l) && !self.inner.iter().any(|o| &o.axis == l));
-            if has_axis(body.ty(c), a) || unopened {
+            // A collection fold over `a` (replicated along it) goes before the loop whole.
+            let folds_a = crate::lower::collection_fold_axis(body, c).is_some_and(|x| x == a);
+            if (has_axis(body.ty(c), a) || unopened) && !folds_a {
                 if self.ctx.g.load_base[c.index()].is_none() {
                     stack.extend(body.nodes[c.index()].kind.operands());
                 }
@@ -1514,53 +1663,34 @@ impl KernelEmitter<'_, '_> {
                 keep_dims,
                 ..
             } => {
-                let (x, dims) = tile(0)?;
-                let i = resolve(d, &dims).ok_or("a reduction over an unknown dimension")?;
-                let ReducerRef::Builtin(r) = reducer else {
-                    return Err("a user reducer over a tile dimension is not lowered yet".into());
+                let parts = match reducer {
+                    ReducerRef::Builtin(r) => vec![*r],
+                    ReducerRef::User(n) => self
+                        .ctx
+                        .module
+                        .reducer(n)
+                        .and_then(ReducerDef::as_product)
+                        .ok_or("a user reducer over a tile dimension is not lowered yet")?,
                 };
-                let dim = dims
-                    .get(i)
-                    .ok_or("reduction dimension out of range")?
-                    .clone();
-                let x = match &dim.mask {
-                    Some(m) => format!(
-                        "tl.where({m}{}, {x}, {})",
-                        index_for(dims.len(), i),
-                        float_lit(builtin_identity(*r))
-                    ),
-                    None => x,
+                // A product of built-in reducers reduces each field of its tuple on its own.
+                let fields: Vec<&Val> = match vals.first() {
+                    Some(Val::Tuple(fs)) => fs.iter().collect(),
+                    Some(v) => vec![v],
+                    None => return Err("missing operand".into()),
                 };
-                let f = match r {
-                    BuiltinReducer::Add => "tl.sum",
-                    BuiltinReducer::Max => "tl.max",
-                    BuiltinReducer::Min => "tl.min",
-                    BuiltinReducer::Mul => {
-                        return Err("a product reduction is not lowered yet".into())
-                    }
-                };
-                let mut out = dims.clone();
-                if *keep_dims {
-                    out[i] = BlockDim {
-                        len: "1".into(),
-                        offs: "tl.arange(0, 1)".into(),
-                        mask: None,
-                        name: None,
-                    };
-                } else {
-                    out.remove(i);
+                if fields.len() != parts.len() {
+                    return Err("a reducer whose arity differs from its operand's".into());
                 }
-                let kd = if *keep_dims { "True" } else { "False" };
-                if dims.len() == 1 && !keep_dims {
-                    Val::Tile {
-                        expr: format!("{f}({x}, axis=0)"),
-                        dims: out,
-                    }
+                let mut out = Vec::new();
+                for (v, r) in fields.into_iter().zip(parts) {
+                    let (x, dims) = v.tile()?;
+                    let i = resolve(d, dims).ok_or("a reduction over an unknown dimension")?;
+                    out.push(reduce_tile(x, dims, i, r, *keep_dims)?);
+                }
+                if matches!(reducer, ReducerRef::Builtin(_)) {
+                    out.pop().ok_or("missing operand")?
                 } else {
-                    Val::Tile {
-                        expr: format!("{f}({x}, axis={i}, keep_dims={kd})"),
-                        dims: out,
-                    }
+                    Val::Tuple(out)
                 }
             }
             ExprKind::Partition(..) | ExprKind::Replicate(..) => {
@@ -1573,19 +1703,34 @@ impl KernelEmitter<'_, '_> {
         })
     }
 
-    /// Stores an output of the kernel.
+    /// Stores an output of the kernel: a tensor, or each field of a tuple to its own buffer.
     fn store(&mut self, o: NodeId) -> Result<(), (NodeId, String)> {
+        self.stored.insert(o);
         let body = &self.ctx.f.body;
         let node = &body.nodes[o.index()];
-        let Some(Type::Tensor(t)) = node.ty.clone() else {
-            return Err((o, "a kernel writes a tuple".into()));
+        let axes = store_axes(body, o);
+        let level = (0..self.inner.len())
+            .rev()
+            .find(|i| axes.contains(&self.inner[*i].axis));
+        let fields: Vec<TensorType> = match node.ty.clone() {
+            Some(Type::Tensor(t)) => vec![t],
+            Some(Type::Tuple(ts)) => ts
+                .iter()
+                .map(|t| {
+                    t.as_tensor()
+                        .cloned()
+                        .ok_or((o, "a stored tuple of tuples".into()))
+                })
+                .collect::<Result<_, _>>()?,
+            None => return Err((o, "an untyped stored value".into())),
         };
+        let is_tuple = fields.len() != 1 || matches!(node.ty, Some(Type::Tuple(_)));
         // Peel stores: combination chains and a collection.
         let mut cur = o;
         let mut leading = None;
         loop {
             match &body.nodes[cur.index()].kind {
-                ExprKind::Combination(_, _, x) => cur = *x,
+                ExprKind::Combination(_, _, x) if !is_tuple => cur = *x,
                 ExprKind::Collection(a, x) if leading.is_none() && cur == o => {
                     leading = Some(a.clone());
                     cur = *x;
@@ -1594,37 +1739,57 @@ impl KernelEmitter<'_, '_> {
             }
         }
         let v = self.value(cur)?;
-        let (expr, dims) = v.tile().map_err(|e| (o, e))?;
-        let (expr, dims) = (expr.to_string(), dims.to_vec());
-        let want = t.shape.len() - usize::from(leading.is_some());
-        let mut dims = dims;
-        while dims.len() < want {
-            dims.insert(
-                0,
-                BlockDim {
-                    len: "1".into(),
-                    offs: "tl.arange(0, 1)".into(),
-                    mask: None,
-                    name: None,
-                },
-            );
+        let vals = match v {
+            Val::Tuple(vs) if is_tuple => vs,
+            Val::Tile { .. } if !is_tuple => vec![v],
+            _ => return Err((o, "a stored value whose shape differs from its type".into())),
+        };
+        if vals.len() != fields.len() {
+            return Err((o, "a stored tuple with a different number of fields".into()));
         }
-        if dims.len() != want {
-            return Err((
-                o,
-                "a stored tile whose rank differs from the tensor's".into(),
-            ));
-        }
-        let lens: Vec<String> = dims.iter().map(|d| d.len.clone()).collect();
-        let addr = self.address(o, &t.shape, &dims, leading.map(|a| format!("c_{a}")))?;
-        let value = format!(
-            "tl.broadcast_to({expr}, [{}]).to({})",
-            lens.join(", "),
-            dtype_tl(t.dtype)
-        );
-        match mask_all(&dims) {
-            Some(m) => self.line(false, format!("tl.store({addr}, {value}, mask={m})")),
-            None => self.line(false, format!("tl.store({addr}, {value})")),
+        for (i, (v, t)) in vals.iter().zip(&fields).enumerate() {
+            let (expr, dims) = v.tile().map_err(|e| (o, e))?;
+            let (expr, dims) = (expr.to_string(), dims.to_vec());
+            let want = t.shape.len() - usize::from(leading.is_some());
+            let mut dims = dims;
+            while dims.len() < want {
+                dims.insert(
+                    0,
+                    BlockDim {
+                        len: "1".into(),
+                        offs: "tl.arange(0, 1)".into(),
+                        mask: None,
+                        name: None,
+                    },
+                );
+            }
+            if dims.len() != want {
+                return Err((
+                    o,
+                    "a stored tile whose rank differs from the tensor's".into(),
+                ));
+            }
+            let lens: Vec<String> = dims.iter().map(|d| d.len.clone()).collect();
+            let addr = self.address(
+                (o, i),
+                &t.shape,
+                &dims,
+                leading.as_ref().map(|a| format!("c_{a}")),
+            )?;
+            // Triton has no 0-d blocks: a scalar is stored as the scalar.
+            let value = if lens.is_empty() {
+                format!("({expr}).to({})", dtype_tl(t.dtype))
+            } else {
+                format!(
+                    "tl.broadcast_to({expr}, [{}]).to({})",
+                    lens.join(", "),
+                    dtype_tl(t.dtype)
+                )
+            };
+            match mask_all(&dims) {
+                Some(m) => self.line_at(level, format!("tl.store({addr}, {value}, mask={m})")),
+                None => self.line_at(level, format!("tl.store({addr}, {value})")),
+            }
         }
         Ok(())
     }

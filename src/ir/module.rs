@@ -191,6 +191,16 @@ impl BuiltinReducer {
         }
     }
 
+    /// The binary operator one fold step applies: `state' = state ∘ item`.
+    pub fn fold_op(self) -> BinaryOp {
+        match self {
+            BuiltinReducer::Add => BinaryOp::Add,
+            BuiltinReducer::Mul => BinaryOp::Multiply,
+            BuiltinReducer::Max => BinaryOp::Maximum,
+            BuiltinReducer::Min => BinaryOp::Minimum,
+        }
+    }
+
     pub fn identity(self) -> f64 {
         match self {
             BuiltinReducer::Add => 0.0,
@@ -467,6 +477,47 @@ pub struct ReducerDef {
     pub init: Vec<f64>,
     /// Params are the state fields followed by the item fields.
     pub body: Body,
+}
+
+impl ReducerDef {
+    /// The built-in reducers this reducer runs side by side, when it is their product
+    /// (`state'ᵢ = stateᵢ ∘ᵢ itemᵢ` from `init`ᵢ the identity of `∘ᵢ`, as product fusion
+    /// builds): such a fold can run field by field, in any order and grouping.
+    pub fn as_product(&self) -> Option<Vec<BuiltinReducer>> {
+        let n = self.state.len();
+        let body = &self.body;
+        if self.item.len() != n || self.init.len() != n || body.params.len() != 2 * n {
+            return None;
+        }
+        let [result] = body.results.as_slice() else {
+            return None;
+        };
+        let ExprKind::Tuple(fields) = &body.node(*result).kind else {
+            return None;
+        };
+        if fields.len() != n {
+            return None;
+        }
+        let builtins = [
+            BuiltinReducer::Add,
+            BuiltinReducer::Mul,
+            BuiltinReducer::Max,
+            BuiltinReducer::Min,
+        ];
+        fields
+            .iter()
+            .enumerate()
+            .map(|(i, f)| {
+                let ExprKind::Binary(op, a, b) = &body.node(*f).kind else {
+                    return None;
+                };
+                let (acc, item) = (body.params[i], body.params[n + i]);
+                let r = builtins.into_iter().find(|r| r.fold_op() == *op)?;
+                let operands_ok = (*a, *b) == (acc, item) || (*a, *b) == (item, acc);
+                (operands_ok && self.init[i] == r.identity()).then_some(r)
+            })
+            .collect()
+    }
 }
 
 /// One e-node of an e-graph dump: an operation whose operand `i` (`NodeId(i)` in `kind`) is

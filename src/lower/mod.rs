@@ -91,9 +91,21 @@ pub fn loads_and_constants(body: &Body) -> (Vec<Option<NodeId>>, Vec<bool>) {
     (load_base, constant)
 }
 
-/// The axis of `reduce (collection[a](x)) axis=0` inside a region:
-/// a fold over `a` written as a collection of per-tile values reduced along the stack, which
-/// a kernel computes as a loop over `a` instead of storing the stack.
+/// The collection under `replicate[a](collection[a](x))` (every tile reading the whole stack,
+/// as an all-reduce across tiles does), else `x` itself.
+pub fn stack_of(body: &Body, x: NodeId) -> NodeId {
+    if let ExprKind::Replicate(a, inner) = &body.node(x).kind {
+        if matches!(&body.node(*inner).kind, ExprKind::Collection(b, _) if b == a) {
+            return *inner;
+        }
+    }
+    x
+}
+
+/// The axis of `reduce (collection[a](x)) axis=0` inside a region (or of
+/// `reduce (replicate[a](collection[a](x))) axis=0`): a fold over `a` written as a collection
+/// of per-tile values reduced along the stack, which a kernel computes as a loop over `a`
+/// instead of storing the stack.
 pub fn collection_fold_axis(body: &Body, id: NodeId) -> Option<&String> {
     let ExprKind::Reduce {
         input,
@@ -103,11 +115,11 @@ pub fn collection_fold_axis(body: &Body, id: NodeId) -> Option<&String> {
     else {
         return None;
     };
-    let ExprKind::Collection(a, _) = &body.node(*input).kind else {
+    let ExprKind::Collection(a, _) = &body.node(stack_of(body, *input)).kind else {
         return None;
     };
     // A stacked tuple (a user reducer's items): every field is stacked along dimension 0.
-    let t = match body.ty(*input)? {
+    let t = match body.ty(stack_of(body, *input))? {
         Type::Tensor(t) => t,
         Type::Tuple(ts) => ts.first()?.as_tensor()?,
     };

@@ -195,20 +195,24 @@ impl Pass for TritonCheckPass {
     fn run(&mut self, module: &mut Module, cx: &mut PassContext) -> Result<(), Vec<Diagnostic>> {
         let start = Instant::now();
         let fail = |m: String| vec![Diagnostic::global(crate::diag::Severity::Error, m)];
-        let chosen: Vec<&Function> =
-            super::check::sample_indices(module.funcs.len(), self.sample, cx.seed)
-                .into_iter()
-                .map(|i| &module.funcs[i])
-                .collect();
-        let (chosen, not_lowered) = lowerable(
+        // Every function is lowered (each one that cannot be gets a warning); a sample of
+        // those that can is run.
+        let (lowered, not_lowered) = lowerable(
             module,
-            chosen,
+            module.funcs.iter().collect(),
             TritonOptions {
                 interpret: true,
                 dot_bf16: false,
             },
             cx,
         );
+        let chosen: Vec<&Function> =
+            super::check::sample_indices(lowered.len(), self.sample, cx.seed)
+                .into_iter()
+                .map(|i| lowered[i])
+                .collect();
+        cx.counters.insert("lowered".into(), lowered.len().into());
+        cx.counters.insert("checked".into(), chosen.len().into());
         cx.counters.insert("not_lowered".into(), not_lowered.into());
         let (source, hosts) = emit_module(
             module,
@@ -339,7 +343,8 @@ impl Pass for TritonCheckPass {
             }
         }
         cx.report.push(format!(
-            "// triton-check: {} function(s) lowered, {not_lowered} not lowered, {passed} run(s) ok, {failed} failed, {compiled} kernel compilation(s) for [{}], {:.2} s",
+            "// triton-check: {} function(s) lowered, {not_lowered} not lowered, {} checked, {passed} run(s) ok, {failed} failed, {compiled} kernel compilation(s) for [{}], {:.2} s",
+            lowered.len(),
             chosen.len(),
             self.compile.join(", "),
             start.elapsed().as_secs_f64()

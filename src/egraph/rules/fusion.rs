@@ -31,15 +31,6 @@ pub static RULES: &[Rule] = &[
 
 // ---- the generated reducers ----
 
-fn fold_op(r: BuiltinReducer) -> BinaryOp {
-    match r {
-        BuiltinReducer::Add => BinaryOp::Add,
-        BuiltinReducer::Mul => BinaryOp::Multiply,
-        BuiltinReducer::Max => BinaryOp::Maximum,
-        BuiltinReducer::Min => BinaryOp::Minimum,
-    }
-}
-
 fn push(body: &mut Body, kind: ExprKind) -> NodeId {
     body.push(Node {
         kind,
@@ -85,7 +76,7 @@ fn product_reducer(parts: &[BuiltinReducer]) -> ReducerDef {
     let next: Vec<NodeId> = parts
         .iter()
         .enumerate()
-        .map(|(i, r)| push(&mut body, ExprKind::Binary(fold_op(*r), state[i], items[i])))
+        .map(|(i, r)| push(&mut body, ExprKind::Binary(r.fold_op(), state[i], items[i])))
         .collect();
     let t = push(&mut body, ExprKind::Tuple(next));
     body.results.push(t);
@@ -628,7 +619,7 @@ fn repair_fusion(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
         for (i, it) in items.iter().enumerate() {
             item_nodes.insert(*it, param(&mut body, &format!("y{i}")));
         }
-        let s1 = push(&mut body, ExprKind::Binary(fold_op(rp), s, xp));
+        let s1 = push(&mut body, ExprKind::Binary(rp.fold_op(), s, xp));
         let mut next = vec![s1];
         let mut ok = true;
         for (i, c) in chosen.iter().enumerate() {
