@@ -1,6 +1,8 @@
 //! Incremental (semi-naive) search is an optimisation only: on every example and rule-instance
 //! program, saturating with it gives exactly the e-graph that searching every e-node every
 //! iteration gives — same e-classes, e-nodes and generated reducers, printed identically.
+//! Likewise each rule's root filter (the runner calls a rule only on e-nodes of its root
+//! kind) drops no match: on the saturated e-graphs no rule proposes anything elsewhere.
 
 use efopt::egraph::rules::all_rules;
 use efopt::egraph::runner::Runner;
@@ -49,5 +51,34 @@ fn incremental_search_gives_the_same_egraph_as_full_search() {
             f.display()
         );
         assert!(nodes > 0);
+    }
+}
+
+#[test]
+fn no_rule_matches_outside_its_root() {
+    let rules = all_rules();
+    for f in common::example_and_rule_programs() {
+        let text = std::fs::read_to_string(&f).expect("readable");
+        let mut m = efopt::parse::parse_module(&text, 0).expect("parses");
+        efopt::passes::verify::verify_module(&mut m).expect("verifies");
+        let mut g = TypedEGraph::from_function(&m.funcs[0], &m.reducers).expect("e-graph");
+        Runner::default().run(&mut g, &rules);
+        let eg = &g.egraph;
+        for rule in &rules {
+            for class in eg.classes() {
+                for n in class.nodes.iter().filter(|n| !rule.root.matches(&n.op)) {
+                    let mut out = efopt::egraph::rules::Out::default();
+                    (rule.find)(eg, class.id, n, &mut out);
+                    assert!(
+                        out.proposals.is_empty(),
+                        "{}: rule {} matches {:?}, outside its root {:?}",
+                        f.display(),
+                        rule.name,
+                        n.op,
+                        rule.root
+                    );
+                }
+            }
+        }
     }
 }

@@ -715,13 +715,13 @@ impl KernelEmitter<'_, '_> {
         }
     }
 
-    /// The loop a value lives in: the innermost open loop whose axis its type has (`None`:
-    /// before every loop).
+    /// The loop a value lives in: the innermost open loop whose axis it varies along (`None`:
+    /// before every loop). A value replicated along a loop's axis is computed before it.
     fn level_of(&self, id: NodeId) -> Option<usize> {
         let t = self.ctx.f.body.ty(id);
         (0..self.inner.len())
             .rev()
-            .find(|i| has_axis(t, &self.inner[*i].axis))
+            .find(|i| varies_along(t, &self.inner[*i].axis))
     }
 
     fn memo_at(&mut self, level: Option<usize>) -> &mut HashMap<NodeId, Val> {
@@ -1085,10 +1085,30 @@ impl KernelEmitter<'_, '_> {
             ));
         }
         let addr = self.address(key, &bt.shape, &dims, None)?;
-        let mask = mask_all(&dims);
-        let expr = match mask {
-            Some(m) => format!("tl.load({addr}, mask={m}, other=0.0).to(tl.float32)"),
-            None => format!("tl.load({addr}).to(tl.float32)"),
+        let mut mask = mask_all(&dims);
+        let rank = dims.len();
+        // Triton's software pipeliner handles loads in loops of rank 2 only (rank 4 aborts the
+        // sm_90 compiler in the async copy, rank 3 when the tile does not feed a dot): a tile
+        // of higher rank is loaded with its leading dimensions merged, then reshaped back.
+        let merged = (rank > 2).then(|| {
+            let lens: Vec<&str> = dims.iter().map(|d| d.len.as_str()).collect();
+            let flat = format!("({}, {})", lens[..rank - 1].join(" * "), lens[rank - 1]);
+            (flat, format!("({})", lens.join(", ")), lens.join(", "))
+        });
+        let addr = match &merged {
+            Some((flat, _, full)) => {
+                mask = mask.map(|m| format!("tl.reshape(tl.broadcast_to({m}, [{full}]), {flat})"));
+                format!("tl.reshape({addr}, {flat})")
+            }
+            None => addr,
+        };
+        let load = match mask {
+            Some(m) => format!("tl.load({addr}, mask={m}, other=0.0)"),
+            None => format!("tl.load({addr})"),
+        };
+        let expr = match &merged {
+            Some((_, shape, _)) => format!("tl.reshape({load}, {shape}).to(tl.float32)"),
+            None => format!("{load}.to(tl.float32)"),
         };
         Ok(Val::Tile { expr, dims })
     }
@@ -1330,7 +1350,7 @@ impl KernelEmitter<'_, '_> {
         let t = body.ty(id);
         let level = (0..self.inner.len())
             .rev()
-            .find(|i| self.inner[*i].axis != a && has_axis(t, &self.inner[*i].axis));
+            .find(|i| self.inner[*i].axis != a && varies_along(t, &self.inner[*i].axis));
         let enclosing = level.map_or(0, |l| l + 1);
         if self.inner[..enclosing].iter().any(|l| l.axis == a) {
             return Err((id, "a fold over an axis whose loop is open".into()));
@@ -1410,14 +1430,13 @@ impl KernelEmitter<'_, '_> {
             }
             // Values along `a`, or along the axis of a loop not open yet (a nested fold's
             // operands), are computed inside; their operands may still be hoisted.
-            let unopened = self
-                .kernel
-                .loop_axes
-                .iter()
-                .any(|l| has_axis(body.ty(c), l) && !self.inner.iter().any(|o| &o.axis == l));
+            let unopened =
+                self.kernel.loop_axes.iter().any(|l| {
+                    varies_along(body.ty(c), l) && !self.inner.iter().any(|o| &o.axis == l)
+                });
             // A collection fold over `a` (replicated along it) goes before the loop whole.
             let folds_a = crate::lower::collection_fold_axis(body, c).is_some_and(|x| x == a);
-            if (has_axis(body.ty(c), a) || unopened) && !folds_a {
+            if (varies_along(body.ty(c), a) || unopened) && !folds_a {
                 if self.ctx.g.load_base[c.index()].is_none() {
                     stack.extend(body.nodes[c.index()].kind.operands());
                 }
@@ -1855,6 +1874,17 @@ fn is_simple(e: &str) -> bool {
     e.chars()
         .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
         || e.starts_with("float(")
+}
+
+/// Whether a value of type `t` differs between coordinates of axis `a`: partitioned or
+/// partial along it. A value replicated along `a` is the same at every coordinate, so a
+/// kernel computes (and loads) it once, outside a loop over `a`.
+fn varies_along(t: Option<&Type>, a: &str) -> bool {
+    match t {
+        Some(Type::Tensor(t)) => t.par.0.get(a).is_some_and(|k| *k != ParKind::Replicate),
+        Some(Type::Tuple(ts)) => ts.iter().any(|t| varies_along(Some(t), a)),
+        None => false,
+    }
 }
 
 fn has_axis(t: Option<&Type>, a: &str) -> bool {

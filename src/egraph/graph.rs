@@ -18,12 +18,17 @@ pub struct TypeAnalysis {
     /// Search index the runner refreshes before each search: every `reduce … parallel=` e-node
     /// with a built-in reducer, as (class, input class, axis, reducer), in class order.
     pub parallel_reductions: Vec<(Id, Id, String, crate::ir::BuiltinReducer)>,
+    /// The type of the e-node being added, when the caller has just inferred it.
+    pub known_type: Option<Type>,
 }
 
 impl egg::Analysis<ENode> for TypeAnalysis {
     type Data = Option<Type>;
 
     fn make(egraph: &mut egg::EGraph<ENode, Self>, enode: &ENode, _id: Id) -> Self::Data {
+        if let Some(t) = egraph.analysis.known_type.take() {
+            return Some(t);
+        }
         let types: Option<Vec<Type>> = enode
             .children
             .iter()
@@ -71,6 +76,7 @@ pub struct TypedEGraph {
 fn new_egraph(reducers: &[ReducerDef]) -> EGraph {
     egg::EGraph::new(TypeAnalysis {
         parallel_reductions: Vec::new(),
+        known_type: None,
         env: TypeEnv::new(reducers),
         conflicts: 0,
     })

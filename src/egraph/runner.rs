@@ -195,9 +195,10 @@ impl Runner {
                     let scope: &[Id] = since.and_then(|k| scopes.get(&k)).unwrap_or(&classes);
                     let mut out = Out::default();
                     let mut all = Out::default();
+                    let rule = rules[ri];
                     for &c in scope {
-                        for n in &egraph[c].nodes {
-                            (rules[ri].find)(egraph, c, n, &mut out);
+                        for n in egraph[c].nodes.iter().filter(|n| rule.root.matches(&n.op)) {
+                            (rule.find)(egraph, c, n, &mut out);
                             all.proposals.extend(
                                 out.proposals
                                     .drain(..)
@@ -246,11 +247,12 @@ impl Runner {
             let mut unions = 0;
             let mut hit_node_limit = false;
             for (ri, class, term) in proposals {
-                if g.egraph.total_number_of_nodes() >= self.node_limit {
+                // The hashcons size (O(1)) bounds the node count from above until the rebuild.
+                if g.egraph.total_size() >= self.node_limit {
                     hit_node_limit = true;
                     break;
                 }
-                match add_term(g, &term) {
+                match add_term(g, term) {
                     Ok(id) => {
                         let (want, ty) = (&g.egraph[class].data, &g.egraph[id].data);
                         if want != ty || want.is_none() {
@@ -396,15 +398,15 @@ fn dirty_neighbourhood(
 }
 
 /// Adds a term bottom-up, checking each new e-node's type with the verifier's rules.
-pub fn add_term(g: &mut TypedEGraph, term: &Term) -> Result<Id, String> {
+pub fn add_term(g: &mut TypedEGraph, term: Term) -> Result<Id, String> {
     match term {
-        Term::Class(id) => Ok(g.egraph.find(*id)),
+        Term::Class(id) => Ok(g.egraph.find(id)),
         Term::Node(op, kids) => {
             let ids = kids
-                .iter()
+                .into_iter()
                 .map(|k| add_term(g, k))
                 .collect::<Result<Vec<Id>, String>>()?;
-            let mut enode = ENode::new(op.clone(), ids);
+            let mut enode = ENode::new(op, ids);
             // Rules re-propose known terms every iteration: reuse them without re-typing.
             if let Some(id) = g.egraph.lookup(&mut enode) {
                 return Ok(id);
@@ -415,14 +417,18 @@ pub fn add_term(g: &mut TypedEGraph, term: &Term) -> Result<Id, String> {
                 .iter()
                 .map(|c| eg[*c].data.as_ref().ok_or("untyped e-class"))
                 .collect::<Result<_, _>>()?;
-            infer(
+            let ty = infer(
                 &enode.to_expr_kind(),
                 &types,
                 enode.leaf_type().as_ref(),
                 &eg.analysis.env,
             )
             .map_err(|e| e.message)?;
-            Ok(g.egraph.add(enode))
+            // The analysis takes this type instead of inferring it again.
+            g.egraph.analysis.known_type = Some(ty);
+            let id = g.egraph.add(enode);
+            g.egraph.analysis.known_type = None;
+            Ok(id)
         }
     }
 }
@@ -444,6 +450,7 @@ mod tests {
         name: "wrong-transpose-is-identity",
         family: Family::Algebraic,
         equation: "transpose[1,0](x) = x  (false)",
+        root: crate::egraph::rules::Root::Transpose,
         find: wrong,
     };
 

@@ -25,8 +25,8 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 #[rustfmt::skip]
 pub static RULES: &[Rule] = &[
     // name              family            equation
-    Rule { name: "product-fusion", family: Family::Fusion, equation: "⟨reduce X parallel=p @a, reduce Y parallel=p @b⟩ = get[0,1](reduce tuple(X, Y) parallel=p @a×b)  (independent)", find: product_fusion },
-    Rule { name: "repair-fusion",  family: Family::Fusion, equation: "⟨s = reduce X parallel=p @P, reduce g(Y, s) parallel=p @add⟩ = get[0,1](reduce tuple(X, Y) parallel=p @h)  (h synthesised and checked)", find: repair_fusion },
+    Rule { name: "product-fusion", family: Family::Fusion, equation: "⟨reduce X parallel=p @a, reduce Y parallel=p @b⟩ = get[0,1](reduce tuple(X, Y) parallel=p @a×b)  (independent)", root: Root::ReduceParallel, find: product_fusion },
+    Rule { name: "repair-fusion",  family: Family::Fusion, equation: "⟨s = reduce X parallel=p @P, reduce g(Y, s) parallel=p @add⟩ = get[0,1](reduce tuple(X, Y) parallel=p @h)  (h synthesised and checked)", root: Root::ReduceParallel, find: repair_fusion },
 ];
 
 // ---- the generated reducers ----
@@ -64,8 +64,24 @@ fn finish(mut def: ReducerDef, prefix: &str) -> ReducerDef {
     def
 }
 
-/// `reducer @prod(state = <a0, a1>, item = <x0, x1>) { return tuple(a0 ∘ x0, a1 ∘ x1) }`.
+/// `reducer @prod(state = <a0, a1>, item = <x0, x1>) { return tuple(a0 ∘ x0, a1 ∘ x1) }`,
+/// built once per combination (product fusion asks for it at every match).
 fn product_reducer(parts: &[BuiltinReducer]) -> ReducerDef {
+    use std::sync::{Mutex, OnceLock};
+    static MADE: OnceLock<Mutex<HashMap<Vec<BuiltinReducer>, ReducerDef>>> = OnceLock::new();
+    let made = MADE.get_or_init(Default::default);
+    let cached = made.lock().ok().and_then(|m| m.get(parts).cloned());
+    if let Some(def) = cached {
+        return def;
+    }
+    let def = build_product_reducer(parts);
+    if let Ok(mut m) = made.lock() {
+        m.insert(parts.to_vec(), def.clone());
+    }
+    def
+}
+
+fn build_product_reducer(parts: &[BuiltinReducer]) -> ReducerDef {
     let mut body = Body::default();
     let state: Vec<NodeId> = (0..parts.len())
         .map(|i| param(&mut body, &format!("acc{i}")))

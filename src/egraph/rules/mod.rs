@@ -92,7 +92,43 @@ pub struct Rule {
     pub name: &'static str,
     pub family: Family,
     pub equation: &'static str,
+    /// The operators the rule's matched e-node can have: the runner calls `find` on those only.
+    pub root: Root,
     pub find: Finder,
+}
+
+/// The kind of e-node a rule matches at, as egg indexes patterns by their root operator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Root {
+    Any,
+    Binary,
+    Pointwise,
+    MatMul,
+    Transpose,
+    ReduceAxis,
+    ReduceParallel,
+    Partition,
+    Replicate,
+    Combination,
+}
+
+impl Root {
+    pub fn matches(self, op: &Op) -> bool {
+        match self {
+            Root::Any => true,
+            Root::Binary => matches!(op, Op::Binary(_)),
+            Root::Pointwise => {
+                matches!(op, Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast(_))
+            }
+            Root::MatMul => matches!(op, Op::MatMul(_)),
+            Root::Transpose => matches!(op, Op::Transpose(_)),
+            Root::ReduceAxis => matches!(op, Op::ReduceAxis { .. }),
+            Root::ReduceParallel => matches!(op, Op::ReduceParallel { .. }),
+            Root::Partition => matches!(op, Op::Partition(..)),
+            Root::Replicate => matches!(op, Op::Replicate(_)),
+            Root::Combination => matches!(op, Op::Combination(..)),
+        }
+    }
 }
 
 impl Rule {
