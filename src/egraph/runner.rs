@@ -246,13 +246,15 @@ impl Runner {
             );
             let mut unions = 0;
             let mut hit_node_limit = false;
+            // E-nodes added so far this iteration: with the count before it, an upper bound of
+            // the e-node count (merges only lower it), without recounting every class.
+            let mut added = 0;
             for (ri, class, term) in proposals {
-                // The hashcons size (O(1)) bounds the node count from above until the rebuild.
-                if g.egraph.total_size() >= self.node_limit {
+                if nodes_before + added >= self.node_limit {
                     hit_node_limit = true;
                     break;
                 }
-                match add_term(g, term) {
+                match add_term(g, term, &mut added) {
                     Ok(id) => {
                         let (want, ty) = (&g.egraph[class].data, &g.egraph[id].data);
                         if want != ty || want.is_none() {
@@ -397,14 +399,15 @@ fn dirty_neighbourhood(
     dirty
 }
 
-/// Adds a term bottom-up, checking each new e-node's type with the verifier's rules.
-pub fn add_term(g: &mut TypedEGraph, term: Term) -> Result<Id, String> {
+/// Adds a term bottom-up, checking each new e-node's type with the verifier's rules, and
+/// counts the e-nodes it creates in `added`.
+pub fn add_term(g: &mut TypedEGraph, term: Term, added: &mut usize) -> Result<Id, String> {
     match term {
         Term::Class(id) => Ok(g.egraph.find(id)),
         Term::Node(op, kids) => {
             let ids = kids
                 .into_iter()
-                .map(|k| add_term(g, k))
+                .map(|k| add_term(g, k, added))
                 .collect::<Result<Vec<Id>, String>>()?;
             let mut enode = ENode::new(op, ids);
             // Rules re-propose known terms every iteration: reuse them without re-typing.
@@ -428,6 +431,7 @@ pub fn add_term(g: &mut TypedEGraph, term: Term) -> Result<Id, String> {
             g.egraph.analysis.known_type = Some(ty);
             let id = g.egraph.add(enode);
             g.egraph.analysis.known_type = None;
+            *added += 1;
             Ok(id)
         }
     }
