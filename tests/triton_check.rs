@@ -107,6 +107,34 @@ fn extracted_candidates_run_and_compile() {
     }
 }
 
+/// A compiler crash (Triton's C++ asserts abort the process) fails the check naming the
+/// kernel, and the other kernels are still compiled. The crash is injected through
+/// `EFOPT_TRITON_ABORT_ON`.
+#[test]
+fn a_compiler_crash_names_the_kernel_and_the_rest_compiles() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(env!("CARGO_BIN_EXE_efopt"))
+        .arg("--passes=saturate,extract,triton-check{compile=sm_90 blocks=16}")
+        .arg(root.join("examples/rowsum.ef"))
+        .env("EFOPT_PYTHON", venv_python(root))
+        .env("EFOPT_TRITON_ABORT_ON", "rowsum_c0_k0")
+        .output()
+        .expect("efopt runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    let summary = stdout
+        .lines()
+        .find(|l| l.starts_with("// triton-check:"))
+        .unwrap_or_else(|| panic!("no summary\n{stdout}\n{stderr}"));
+    assert_eq!(count(summary, " failed"), 1, "{summary}");
+    assert!(count(summary, " kernel compilation") >= 4, "{summary}");
+    assert!(
+        stderr.contains("rowsum_c0_k0") && stderr.contains("the compiler aborted"),
+        "{stderr}"
+    );
+}
+
 /// Hand-written stores: a stored tuple (one buffer per field) and a store along a loop axis
 /// (inside the loop), both run and compiled.
 #[test]
