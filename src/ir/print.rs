@@ -304,6 +304,16 @@ fn where_clause(bindings: &[Binding]) -> String {
     format!(" where {}", b.join(", "))
 }
 
+/// The expression of node `id` as the canonical printer writes it inside its body (operands
+/// that the body names appear by name), for messages about one node.
+pub fn print_expr(body: &Body, id: NodeId) -> String {
+    let mut out = String::new();
+    if id.index() < body.nodes.len() {
+        BodyPrinter::new(body, PrintOptions::default()).expr(id, &mut out, 0);
+    }
+    out
+}
+
 pub fn print_function(f: &Function, opts: PrintOptions) -> String {
     let mut out = String::new();
     if let Some(c) = &f.comment {

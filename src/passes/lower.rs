@@ -99,7 +99,17 @@ fn lowering_error(f: &Function, node: NodeId, message: String) -> Diagnostic {
         .get(node.index())
         .map(|n| n.span)
         .unwrap_or(f.name_span);
-    Diagnostic::error(span, format!("cannot lower `{}`: {message}", f.name))
+    // Extracted candidates have no source text to point into: name the expression too.
+    let mut expr = crate::ir::print::print_expr(&f.body, node);
+    if expr.chars().count() > 100 {
+        expr = expr.chars().take(97).collect::<String>() + "...";
+    }
+    let at = if expr.is_empty() {
+        String::new()
+    } else {
+        format!(" (at `{expr}`)")
+    };
+    Diagnostic::error(span, format!("cannot lower `{}`: {message}{at}", f.name))
         .with_label("this value")
         .with_help("extract{max-kernels=…} or another candidate may avoid the construct; see docs/cli.md (lower)")
 }
