@@ -148,6 +148,19 @@ fn tuple_and_in_loop_stores_run_and_compile() {
     assert!(count(&summary, " kernel compilation") >= 4, "{summary}");
 }
 
+/// Hand-written folds: an all-reduce collection fold before the kernel's other loop, and a
+/// one-field user reducer over a tile dimension, both run and compiled.
+#[test]
+fn all_reduce_and_user_reducer_folds_run_and_compile() {
+    let summary = check_file(
+        "tests/lit/lower/folds.ef",
+        &[],
+        "triton-check{compile=sm_90 blocks=16,32}",
+    );
+    assert_eq!(count(&summary, " checked"), 2, "{summary}");
+    assert!(count(&summary, " kernel compilation") >= 3, "{summary}");
+}
+
 /// Multi-head attention: batched (rank-4) products, as a 3-d `tl.dot` or, with one query row
 /// (decode), as a broadcast multiply and sum. Both also compile for sm_90 (this needs the batch
 /// dimensions unpadded: padded to 16 they made each prefill kernel take minutes).

@@ -1706,10 +1706,10 @@ impl KernelEmitter<'_, '_> {
                     let i = resolve(d, dims).ok_or("a reduction over an unknown dimension")?;
                     out.push(reduce_tile(x, dims, i, r, *keep_dims)?);
                 }
-                if matches!(reducer, ReducerRef::Builtin(_)) {
-                    out.pop().ok_or("missing operand")?
-                } else {
+                if matches!(ty, Some(Type::Tuple(_))) {
                     Val::Tuple(out)
+                } else {
+                    out.pop().ok_or("missing operand")?
                 }
             }
             ExprKind::Partition(..) | ExprKind::Replicate(..) => {
@@ -1743,13 +1743,13 @@ impl KernelEmitter<'_, '_> {
                 .collect::<Result<_, _>>()?,
             None => return Err((o, "an untyped stored value".into())),
         };
-        let is_tuple = fields.len() != 1 || matches!(node.ty, Some(Type::Tuple(_)));
+        let is_tuple = matches!(node.ty, Some(Type::Tuple(_)));
         // Peel stores: combination chains and a collection.
         let mut cur = o;
         let mut leading = None;
         loop {
             match &body.nodes[cur.index()].kind {
-                ExprKind::Combination(_, _, x) if !is_tuple => cur = *x,
+                ExprKind::Combination(_, _, x) => cur = *x,
                 ExprKind::Collection(a, x) if leading.is_none() && cur == o => {
                     leading = Some(a.clone());
                     cur = *x;

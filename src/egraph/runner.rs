@@ -476,4 +476,38 @@ mod tests {
         assert_eq!(g.egraph.number_of_classes(), 2);
         assert_eq!(report.stop, StopReason::Saturated);
     }
+
+    fn example_egraph(name: &str) -> (crate::ir::Module, TypedEGraph) {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("examples")
+            .join(format!("{name}.ef"));
+        let text = std::fs::read_to_string(path).expect("example exists");
+        let mut m = crate::parse::parse_module(&text, 0).expect("parses");
+        crate::passes::verify::verify_module(&mut m).expect("verifies");
+        let g = TypedEGraph::from_function(&m.funcs[0], &m.reducers).expect("e-graph");
+        (m, g)
+    }
+
+    /// The node limit counts e-nodes as they are added (an upper bound until the rebuild merges
+    /// duplicates), not the hashcons, which kept stale entries and stopped runs far below the
+    /// limit (MHA prefill at 11,850 of 20,000): a limit a quarter above the saturated size
+    /// still saturates (the hashcons count fails this), and half the size stops.
+    #[test]
+    fn a_node_limit_above_the_saturated_size_does_not_stop_saturation() {
+        let rules = crate::egraph::rules::all_rules();
+        let (_, mut g) = example_egraph("rmsnorm_gemm");
+        let full = Runner::default().run(&mut g, &rules);
+        assert_eq!(full.stop, StopReason::Saturated);
+        let (_, mut g) = example_egraph("rmsnorm_gemm");
+        let above = Runner::default()
+            .with_node_limit(full.nodes + full.nodes / 4)
+            .run(&mut g, &rules);
+        assert_eq!(above.stop, StopReason::Saturated);
+        assert_eq!(above.nodes, full.nodes);
+        let (_, mut g) = example_egraph("rmsnorm_gemm");
+        let below = Runner::default()
+            .with_node_limit(full.nodes / 2)
+            .run(&mut g, &rules);
+        assert_eq!(below.stop, StopReason::NodeLimit(full.nodes / 2));
+    }
 }

@@ -492,8 +492,10 @@ impl ReducerDef {
         let [result] = body.results.as_slice() else {
             return None;
         };
-        let ExprKind::Tuple(fields) = &body.node(*result).kind else {
-            return None;
+        // One field may be returned bare, several as a tuple.
+        let fields = match &body.node(*result).kind {
+            ExprKind::Tuple(fields) => fields.clone(),
+            _ => vec![*result],
         };
         if fields.len() != n {
             return None;
@@ -561,5 +563,41 @@ pub struct Module {
 impl Module {
     pub fn reducer(&self, name: &str) -> Option<&ReducerDef> {
         self.reducers.iter().find(|r| r.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reducers(src: &str) -> Vec<ReducerDef> {
+        let mut m = crate::parse::parse_module(src, 0).expect("parses");
+        crate::passes::verify::verify_module(&mut m).expect("verifies");
+        m.reducers
+    }
+
+    #[test]
+    fn products_of_builtin_reducers_are_recognised_and_nothing_else() {
+        let rs = reducers(
+            "reducer @sum2(state = <a0, a1>, item = <x0, x1>) init = <0.0, 0.0> {\n  return tuple(a0 + x0, x1 + a1)\n}\n\
+             reducer @maxsum(state = <m, s>, item = <x, y>) init = <-inf, 0.0> {\n  return tuple(maximum(m, x), s + y)\n}\n\
+             reducer @rowmax(state = <m>, item = <x>) init = <-inf> {\n  return maximum(m, x)\n}\n\
+             reducer @badinit(state = <a>, item = <x>) init = <1.0> {\n  return a + x\n}\n\
+             reducer @crossed(state = <a0, a1>, item = <x0, x1>) init = <0.0, 0.0> {\n  return tuple(a0 + x1, a1 + x0)\n}\n\
+             reducer @rolling(state = <m, s>, item = <x>) init = <-inf, 0.0> {\n  return tuple(maximum(m, x), s * exp(m - maximum(m, x)) + exp(x - maximum(m, x)))\n}\n",
+        );
+        let product = |name: &str| {
+            rs.iter()
+                .find(|r| r.name == name)
+                .expect("defined")
+                .as_product()
+        };
+        use BuiltinReducer::*;
+        assert_eq!(product("sum2"), Some(vec![Add, Add]));
+        assert_eq!(product("maxsum"), Some(vec![Max, Add]));
+        assert_eq!(product("rowmax"), Some(vec![Max]));
+        assert_eq!(product("badinit"), None);
+        assert_eq!(product("crossed"), None);
+        assert_eq!(product("rolling"), None);
     }
 }
