@@ -139,26 +139,25 @@ fn a_compiler_crash_names_the_kernel_and_the_rest_compiles() {
 /// (inside the loop), both run and compiled.
 #[test]
 fn tuple_and_in_loop_stores_run_and_compile() {
-    let summary = check_file(
-        "tests/lit/lower/stores.ef",
-        &[],
-        "triton-check{compile=sm_90 blocks=16,32}",
+    check_hand_written("tests/lit/lower/stores.ef", 2, 4);
+}
+
+/// A hand-written lit input: `functions` checked (all of them), at least `kernels` kernel
+/// compilations for sm_90.
+fn check_hand_written(file: &str, functions: u64, kernels: u64) {
+    let summary = check_file(file, &[], "triton-check{compile=sm_90 blocks=16,32}");
+    assert_eq!(count(&summary, " checked"), functions, "{summary}");
+    assert!(
+        count(&summary, " kernel compilation") >= kernels,
+        "{summary}"
     );
-    assert_eq!(count(&summary, " checked"), 2, "{summary}");
-    assert!(count(&summary, " kernel compilation") >= 4, "{summary}");
 }
 
 /// Hand-written folds: an all-reduce collection fold before the kernel's other loop, and a
 /// one-field user reducer over a tile dimension, both run and compiled.
 #[test]
 fn all_reduce_and_user_reducer_folds_run_and_compile() {
-    let summary = check_file(
-        "tests/lit/lower/folds.ef",
-        &[],
-        "triton-check{compile=sm_90 blocks=16,32}",
-    );
-    assert_eq!(count(&summary, " checked"), 2, "{summary}");
-    assert!(count(&summary, " kernel compilation") >= 3, "{summary}");
+    check_hand_written("tests/lit/lower/folds.ef", 2, 3);
 }
 
 /// Multi-head attention: batched (rank-4) products, as a 3-d `tl.dot` or, with one query row
