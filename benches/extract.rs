@@ -59,9 +59,17 @@ fn main() {
                 continue;
             }
         };
+        // As the `extract` pass runs it: candidates `lower` refuses are not output.
+        let reducers = efopt::ir::Module {
+            reducers: g.egraph.analysis.env.reducers().to_vec(),
+            ..Default::default()
+        };
+        let check: efopt::egraph::extract::LowerCheck =
+            std::sync::Arc::new(move |f| efopt::backend::triton::lowerable(&reducers, f));
         let mut expanded = Vec::new();
         for mode in [Compaction::None, Compaction::After, Compaction::Early] {
             let r = Extractor::default()
+                .with_lowerable(check.clone())
                 .with_compaction(mode)
                 .with_max_candidates(usize::MAX)
                 .with_time_limit(Duration::from_secs_f64(secs))

@@ -10,11 +10,22 @@ use efopt::egraph::TypedEGraph;
 use std::collections::BTreeSet;
 use std::path::Path;
 
-fn classes(x: &ExtractGraph, mode: Compaction) -> (Vec<String>, usize) {
-    let report = Extractor::default()
+/// The extractor as the `extract` pass configures it: candidates `lower` refuses are dropped.
+fn extractor(g: &TypedEGraph, mode: Compaction) -> Extractor {
+    let reducers = efopt::ir::Module {
+        reducers: g.egraph.analysis.env.reducers().to_vec(),
+        ..Default::default()
+    };
+    Extractor::default()
         .with_compaction(mode)
         .with_max_candidates(1_000_000)
-        .run(x);
+        .with_lowerable(std::sync::Arc::new(move |f| {
+            efopt::backend::triton::lowerable(&reducers, f)
+        }))
+}
+
+fn classes(g: &TypedEGraph, x: &ExtractGraph, mode: Compaction) -> (Vec<String>, usize) {
+    let report = extractor(g, mode).run(x);
     assert_eq!(report.stop, ExtractStop::Exhausted, "{mode:?} must finish");
     let forms = report
         .candidates
@@ -44,8 +55,8 @@ fn early_compaction_keeps_one_representative_of_every_class() {
             .with_iter_limit(iterations)
             .run(&mut g, &all_rules());
         let x = ExtractGraph::new(&g).expect("extractable");
-        let (early, early_states) = classes(&x, Compaction::Early);
-        let (after, after_states) = classes(&x, Compaction::After);
+        let (early, early_states) = classes(&g, &x, Compaction::Early);
+        let (after, after_states) = classes(&g, &x, Compaction::After);
         let early_set: BTreeSet<&String> = early.iter().collect();
         let after_set: BTreeSet<&String> = after.iter().collect();
         assert_eq!(
@@ -66,7 +77,7 @@ fn early_compaction_keeps_one_representative_of_every_class() {
             missing.first().map(|s| s.as_str()).unwrap_or("")
         );
         if with_none {
-            let (none, _) = classes(&x, Compaction::None);
+            let (none, _) = classes(&g, &x, Compaction::None);
             let none_set: BTreeSet<&String> = none.iter().collect();
             assert_eq!(none_set, after_set, "{name}: none finds different classes");
             assert!(none.len() >= after.len());
@@ -77,4 +88,89 @@ fn early_compaction_keeps_one_representative_of_every_class() {
             "{name}: early expanded {early_states} states, after {after_states}"
         );
     }
+}
+
+/// Each value is computed once: a candidate that stores `cast(x)` reads it back wherever it
+/// needs it and never casts `x` again; both pure forms (store and read back, recompute in the
+/// kernel) are candidates. Checked on the printed programs of a full enumeration.
+#[test]
+fn a_stored_value_is_never_recomputed() {
+    let text = "func once where B = 16, H = 64 {\n  x: tensor<BxH, bf16> = input\n  y = cast(x) to=f32\n  s = reduce y axis=H reducer=@add keep_dims\n  return y / s\n}\n";
+    let mut m = efopt::parse::parse_module(text, 0).expect("parses");
+    efopt::passes::verify::verify_module(&mut m).expect("verifies");
+    let mut g = TypedEGraph::from_function(&m.funcs[0], &m.reducers).expect("e-graph");
+    Runner::default().run(&mut g, &all_rules());
+    let x = ExtractGraph::new(&g).expect("extractable");
+    for mode in [Compaction::None, Compaction::Early] {
+        let report = extractor(&g, mode).run(&x);
+        assert_eq!(report.stop, ExtractStop::Exhausted);
+        let (mut stored, mut recomputed) = (0, 0);
+        for c in &report.candidates {
+            let mut f = efopt::egraph::extract::reconstruct(&x, &c.choice, "once");
+            efopt::egraph::extract::summarize(&mut f);
+            let printed =
+                efopt::ir::print::print_function(&f, efopt::ir::print::PrintOptions::default());
+            let casts = printed.matches("cast(").count();
+            if printed.contains("stored0 = cast(") {
+                stored += 1;
+                assert_eq!(
+                    casts, 1,
+                    "{mode:?}: stores cast(x) and casts again:\n{printed}"
+                );
+            } else {
+                recomputed += 1;
+            }
+        }
+        assert!(
+            stored > 0 && recomputed > 0,
+            "{mode:?}: {stored} store, {recomputed} recompute"
+        );
+        assert!(
+            report.recomputed > 0,
+            "{mode:?}: nothing was pruned for computing twice"
+        );
+    }
+}
+
+/// The canonical form of the one candidate of an unsaturated program.
+fn form_of(text: &str) -> String {
+    let mut m = efopt::parse::parse_module(text, 0).expect("parses");
+    efopt::passes::verify::verify_module(&mut m).expect("verifies");
+    let g = TypedEGraph::from_function(&m.funcs[0], &m.reducers).expect("e-graph");
+    let x = ExtractGraph::new(&g).expect("extractable");
+    let report = extractor(&g, Compaction::Early).run(&x);
+    assert_eq!(report.candidates.len(), 1, "{text}");
+    canonical_text(&x, &report.candidates[0].choice)
+}
+
+/// Ways of writing the same kernel are one class: a transposed loaded tile and the load of
+/// the transposed tensor, and a fold written as a collection reduced inside the kernel and
+/// as `reduce … parallel=`. Storing the stack instead is another class.
+#[test]
+fn one_kernel_written_two_ways_is_one_class() {
+    let scores = |keys: &str| {
+        format!(
+            "func f where Q = 16, K = 32, D = 16 {{\n  q: tensor<QxD, f32> = input\n  k: tensor<KxD, f32> = input\n  s = tile_matmul(partition[0,q](replicate[k](q)), {keys}) acc=f32\n  return combination[0,q](reduce (reduce s axis=1 reducer=@max keep_dims) parallel=k reducer=@max)\n}}\n"
+        )
+    };
+    assert_eq!(
+        form_of(&scores("transpose[1,0](partition[0,k](replicate[q](k)))")),
+        form_of(&scores("replicate[q](transpose[1,0](partition[0,k](k)))"))
+    );
+    let rowsum = |fold: &str| {
+        format!(
+            "func f where M = 16, K = 64 {{\n  x: tensor<MxK, f32> = input\n  partial = reduce (partition[1,k](partition[0,m](x))) axis=1 reducer=@add\n  return combination[0,m]({fold})\n}}\n"
+        )
+    };
+    let looped = form_of(&rowsum("reduce partial parallel=k reducer=@add"));
+    assert_eq!(
+        looped,
+        form_of(&rowsum(
+            "reduce (collection[k](partial)) axis=0 reducer=@add"
+        ))
+    );
+    let stored = form_of(
+        "func f where M = 16, K = 64 {\n  x: tensor<MxK, f32> = input\n  partial = reduce (partition[1,k](x)) axis=1 reducer=@add\n  return reduce (collection[k](partial)) axis=0 reducer=@add\n}\n",
+    );
+    assert_ne!(looped, stored);
 }

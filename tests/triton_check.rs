@@ -128,36 +128,41 @@ fn a_compiler_crash_names_the_kernel_and_the_rest_compiles() {
         .find(|l| l.starts_with("// triton-check:"))
         .unwrap_or_else(|| panic!("no summary\n{stdout}\n{stderr}"));
     assert_eq!(count(summary, " failed"), 1, "{summary}");
-    assert!(count(summary, " kernel compilation") >= 4, "{summary}");
+    // rowsum's candidates have four kernels: the three besides the crashed one compile.
+    assert!(count(summary, " kernel compilation") >= 3, "{summary}");
     assert!(
         stderr.contains("rowsum_c0_k0") && stderr.contains("the compiler aborted"),
         "{stderr}"
     );
 }
 
-/// Hand-written stores: a stored tuple (one buffer per field) and a store along a loop axis
-/// (inside the loop), both run and compiled.
+/// Hand-written stores: a stored tuple (one buffer per field), a store along a loop axis
+/// (inside the loop) and a collection along it, all run and compiled.
 #[test]
 fn tuple_and_in_loop_stores_run_and_compile() {
-    check_hand_written("tests/lit/lower/stores.ef", 2, 4);
-}
-
-/// A hand-written lit input: `functions` checked (all of them), at least `kernels` kernel
-/// compilations for sm_90.
-fn check_hand_written(file: &str, functions: u64, kernels: u64) {
-    let summary = check_file(file, &[], "triton-check{compile=sm_90 blocks=16,32}");
-    assert_eq!(count(&summary, " checked"), functions, "{summary}");
-    assert!(
-        count(&summary, " kernel compilation") >= kernels,
-        "{summary}"
+    let summary = check_file(
+        "tests/lit/lower/stores.ef",
+        &[],
+        "triton-check{compile=sm_90 blocks=16,32}",
     );
+    assert_eq!(count(&summary, " checked"), 3, "{summary}");
+    assert_eq!(count(&summary, " failed"), 0, "{summary}");
+    assert!(count(&summary, " kernel compilation") >= 4, "{summary}");
 }
 
-/// Hand-written folds: an all-reduce collection fold before the kernel's other loop, and a
-/// one-field user reducer over a tile dimension, both run and compiled.
+/// Hand-written folds: an all-reduce collection fold before the kernel's other loop, a
+/// one-field user reducer over a tile dimension, a collection fold inside a kernel and a
+/// whole (combined in-kernel) axis, all run and compiled.
 #[test]
 fn all_reduce_and_user_reducer_folds_run_and_compile() {
-    check_hand_written("tests/lit/lower/folds.ef", 2, 3);
+    let summary = check_file(
+        "tests/lit/lower/folds.ef",
+        &[],
+        "triton-check{compile=sm_90 blocks=16,32}",
+    );
+    assert_eq!(count(&summary, " checked"), 4, "{summary}");
+    assert_eq!(count(&summary, " failed"), 0, "{summary}");
+    assert!(count(&summary, " kernel compilation") >= 5, "{summary}");
 }
 
 /// Multi-head attention: batched (rank-4) products, as a 3-d `tl.dot` or, with one query row

@@ -294,6 +294,13 @@ fn p2_name(b: &DimBase) -> String {
     }
 }
 
+/// Whether `f` lowers to Triton: `Err(reason)` names the construct that does not.
+pub fn lowerable(module: &Module, f: &Function) -> Result<(), String> {
+    emit_function(module, f, TritonOptions::default(), &mut namer())
+        .map(|_| ())
+        .map_err(|(_, reason)| reason)
+}
+
 pub fn emit_function(
     module: &Module,
     f: &Function,
@@ -529,12 +536,17 @@ fn reduce_tile(
     })
 }
 
-/// The axes a stored output combines tiles along (its chain of `combination`s).
+/// The axes a stored output combines tiles along: its chain of `combination`s, and the axis of
+/// a `collection` under it.
 fn store_axes(body: &Body, mut o: NodeId) -> Vec<String> {
     let mut axes = Vec::new();
     while let ExprKind::Combination(_, a, x) = &body.node(o).kind {
         axes.push(a.clone());
         o = *x;
+    }
+    // A collection writes one slice of its stack per tile of its axis.
+    if let ExprKind::Collection(a, _) = &body.node(o).kind {
+        axes.push(a.clone());
     }
     axes
 }

@@ -7,8 +7,11 @@
 //! classes without a pick are its holes.
 //!
 //! Candidates are grouped by an equivalence ≈: programs that differ only in the operand
-//! order of commutative pointwise operators, or in the order in which a value's parallel
-//! views (`partition`/`replicate`) or a result's `combination`s are written, are one class.
+//! order of commutative pointwise operators (and, inside a kernel, the grouping of a chain of
+//! one associative operator), in the order in which a value's parallel views
+//! (`partition`/`replicate`) or a result's `combination`s are written, or in where a
+//! `replicate` or `combination` sits relative to pointwise operators computed in a kernel, are
+//! one class. Validity adds that each value is computed once (`computed_once`).
 //! Matmul structure, reduction organisation and intermediate storage stay distinct. Each
 //! partial program has a canonical form — holes named by their e-class, commutative operands
 //! sorted, view chains as sorted sets — interned exactly (no hashing shortcuts). Two partial
@@ -26,6 +29,7 @@ use super::lang::{ENode, Op};
 use crate::ir::{BinaryOp, Body, ExprKind, Function, Node, NodeId, Type};
 use crate::lower::tiled;
 use egg::Id;
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -90,6 +94,15 @@ pub struct ExtractReport {
     pub rejected: usize,
     /// Partial or complete programs pruned for needing more than `max_kernels` kernels.
     pub over_kernels: usize,
+    /// Partial or complete programs pruned for recomputing a value they also store (see
+    /// `computed_once`).
+    pub recomputed: usize,
+    /// Partial programs pruned as ≈ₚ one already taken (early compaction only).
+    pub equivalent: usize,
+    /// Complete programs the backend refused to lower (see `Extractor::lowerable`).
+    pub not_lowerable: usize,
+    /// The backend's reason for the first refusal.
+    pub first_refusal: Option<String>,
     /// Distinct candidates (classes of ≈) among the complete ones.
     pub distinct: usize,
     pub seconds: f64,
@@ -118,6 +131,8 @@ pub struct ExtractGraph<'a> {
     /// Each valid e-node's own cost, its children not included (except the recomputation a
     /// replica of a computed tile implies, estimated from the child's cheapest cost).
     pick_cost: Vec<Vec<u64>>,
+    /// Facts of each class's type that canonical forms and validity checks consult.
+    info: Vec<KeyInfo>,
 }
 
 impl<'a> ExtractGraph<'a> {
@@ -156,6 +171,17 @@ impl<'a> ExtractGraph<'a> {
             let untiled = !tiled(eg[ids[c]].data.as_ref());
             if untiled && ns.iter().any(|(n, _)| matches!(n.op, Op::Combination(..))) {
                 ns.retain(|(n, _)| !is_compute(&n.op));
+            }
+        }
+        // A combination whose result is still tiled is computed inside one kernel, which then
+        // spans the combined dimension in one block: the same kernel as the program that never
+        // split that dimension. Where the class has another implementation (after saturation,
+        // the unsplit one), such splits are no candidates of their own; a hand-tiled program
+        // whose only form combines inside a kernel keeps it.
+        for (c, ns) in nodes.iter_mut().enumerate() {
+            let in_kernel = |n: &ENode| matches!(n.op, Op::Combination(..));
+            if tiled(eg[ids[c]].data.as_ref()) && ns.iter().any(|(n, _)| !in_kernel(n)) {
+                ns.retain(|(n, _)| !in_kernel(n));
             }
         }
         // Classes with a finite term: least fixed point from the leaves.
@@ -204,6 +230,18 @@ impl<'a> ExtractGraph<'a> {
             }
             if !changed {
                 break;
+            }
+        }
+        // A value known at compile time is computed one way, folded from the constants it
+        // is built of: its tiled, parallel or stored implementations compute the same
+        // numbers at run time and are no candidates of their own.
+        for (c, ns) in nodes.iter_mut().enumerate() {
+            if constant[c] {
+                ns.retain(|(n, kids)| {
+                    !is_view(&n.op)
+                        && !matches!(n.op, Op::Combination(..) | Op::Collection(_))
+                        && kids.iter().all(|k| constant[*k as usize])
+                });
             }
         }
         let cost = |n: &ENode, c: usize| -> u64 {
@@ -276,8 +314,13 @@ impl<'a> ExtractGraph<'a> {
             ));
         }
         let reach = reachability(&nodes);
+        let info = ids
+            .iter()
+            .map(|id| type_info(eg[*id].data.as_ref()))
+            .collect();
         Ok(ExtractGraph {
             g,
+            info,
             ids,
             best,
             pick_cost,
@@ -494,26 +537,295 @@ fn view_rank(op: &Op) -> (u8, usize, String) {
     }
 }
 
+/// What normalisation needs to know of a canonical term: facts of its type, which equal
+/// terms share (a canonical form determines its type).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct KeyInfo {
+    /// Has a parallel state: computed inside a kernel (or a view of a load).
+    tiled: bool,
+    /// A rank-0 value without parallel state (a literal), which broadcasts to any tile.
+    literal: bool,
+    rank: usize,
+}
+
 /// Exact interning of canonical terms: equal ids ⇔ equal canonical forms.
 #[derive(Default)]
 struct Interner {
-    map: HashMap<Key, u32>,
+    map: FxHashMap<Key, u32>,
     keys: Vec<Key>,
+    info: Vec<KeyInfo>,
 }
 
 impl Interner {
-    fn intern(&mut self, k: Key) -> u32 {
+    fn intern(&mut self, k: Key, info: KeyInfo) -> u32 {
         if let Some(id) = self.map.get(&k) {
             return *id;
         }
         let id = self.keys.len() as u32;
         self.keys.push(k.clone());
+        self.info.push(info);
         self.map.insert(k, id);
         id
     }
 
     fn key(&self, id: u32) -> Option<&Key> {
         self.keys.get(id as usize)
+    }
+
+    fn info(&self, id: u32) -> KeyInfo {
+        self.info[id as usize]
+    }
+
+    /// An operator computed inside a kernel that replicas pass through (`replicate[n](f(x))`
+    /// is `f(replicate[n](x))` for the replicated `axes`): `(op, operands)`.
+    fn replica_transparent(&self, id: u32, axes: &[&String]) -> Option<(&Op, &[u32])> {
+        match self.key(id) {
+            Some(Key::Node(op, ks)) if self.info(id).tiled => {
+                let transparent = match op {
+                    Op::ReduceParallel { axis, .. } => !axes.contains(&axis),
+                    op => {
+                        is_pointwise(op)
+                            || matches!(
+                                op,
+                                Op::ReduceAxis { .. } | Op::TileMatMul(_) | Op::Tuple | Op::Get(_)
+                            )
+                    }
+                };
+                transparent.then_some((op, ks.as_slice()))
+            }
+            _ => None,
+        }
+    }
+
+    fn node(&mut self, op: Op, mut ks: Vec<u32>, info: KeyInfo) -> u32 {
+        if is_pointwise(&op) {
+            // A literal broadcasts to any tile: its replicas are the literal.
+            for k in &mut ks {
+                if let Some(Key::Views(b, chain)) = self.key(*k) {
+                    if self.info(*b).literal && chain.iter().all(|v| matches!(v, Op::Replicate(_)))
+                    {
+                        *k = *b;
+                    }
+                }
+            }
+        }
+        if commutative(&op) {
+            // Inside a kernel, a chain of one associative operator is one operation over a
+            // multiset of operands: `(a * b) * c` and `a * (c * b)` compute alike.
+            if associative(&op) && info.tiled {
+                let mut flat = Vec::with_capacity(ks.len());
+                for k in ks {
+                    match self.key(k) {
+                        Some(Key::Node(inner, kk)) if *inner == op && self.info(k).tiled => {
+                            flat.extend(kk.iter().copied())
+                        }
+                        _ => flat.push(k),
+                    }
+                }
+                ks = flat;
+            }
+            ks.sort();
+        }
+        self.intern(Key::Node(op, ks), info)
+    }
+
+    /// `chain` (innermost first) applied to `base`, in normal form: nested chains merged and
+    /// sorted, and replicas sunk through operators computed in the kernel (pointwise, tile
+    /// reductions and products, folds over other axes, tuples) down to their operands —
+    /// `replicate[n](f(x))` and `f(replicate[n](x))` are the same tile computation, the second
+    /// one written per coordinate of `n`.
+    fn views(&mut self, base: u32, mut chain: Vec<Op>) -> u32 {
+        if chain.is_empty() {
+            return base;
+        }
+        let info = self.info(base);
+        let replicas: Vec<&String> = chain
+            .iter()
+            .filter_map(|op| match op {
+                Op::Replicate(a) => Some(a),
+                _ => None,
+            })
+            .collect();
+        if replicas.len() == chain.len() {
+            if let Some((op, ks)) = self.replica_transparent(base, &replicas) {
+                let (op, ks) = (op.clone(), ks.to_vec());
+                let kids = ks
+                    .iter()
+                    .map(|k| {
+                        if self.info(*k).literal {
+                            *k
+                        } else {
+                            self.views(*k, chain.clone())
+                        }
+                    })
+                    .collect();
+                return self.node(op, kids, info);
+            }
+        }
+        let mut base = base;
+        if let Some(Key::Views(b, inner)) = self.key(base) {
+            let mut all = inner.clone();
+            all.extend(chain);
+            chain = all;
+            base = *b;
+        }
+        let chain = normal_views(chain);
+        if chain.is_empty() {
+            return base;
+        }
+        let info = KeyInfo {
+            tiled: true,
+            literal: false,
+            rank: info.rank,
+        };
+        self.intern(Key::Views(base, chain), info)
+    }
+
+    /// `chain` of combinations (innermost first) applied to `base`, in normal form: nested
+    /// chains merged and sorted. (Cancelling `combination[d,a](f(partition[d,a](x)))` against
+    /// `f(x)` inside a kernel was tried: it made the canonical form depend on more than the
+    /// forms of a program's parts, and early compaction then lost classes.)
+    fn combinations(&mut self, mut base: u32, mut chain: Vec<Op>, info: KeyInfo) -> u32 {
+        if let Some(Key::Combinations(b, inner)) = self.key(base) {
+            let mut all = inner.clone();
+            all.extend(chain);
+            chain = all;
+            base = *b;
+        }
+        chain.sort_by_key(view_rank);
+        if chain.is_empty() {
+            return base;
+        }
+        self.intern(Key::Combinations(base, chain), info)
+    }
+
+    /// `reduce (collection[a](x)) axis=0` inside a kernel (or its all-reduce form
+    /// `reduce (replicate[a](collection[a](x))) axis=0`) is a fold over `a` that the kernel
+    /// computes as a loop over `a`, as it does `reduce x parallel=a`: the same form.
+    fn collection_fold(&mut self, op: &Op, ks: &[u32], info: KeyInfo) -> Option<u32> {
+        let Op::ReduceAxis {
+            dim: 0,
+            reducer,
+            keep_dims: false,
+        } = op
+        else {
+            return None;
+        };
+        if !info.tiled || ks.len() != 1 {
+            return None;
+        }
+        let (stack, replicated) = match self.key(ks[0])? {
+            Key::Views(b, chain) if chain.len() == 1 => (*b, Some(chain[0].clone())),
+            _ => (ks[0], None),
+        };
+        let Some(Key::Node(Op::Collection(a), xs)) = self.key(stack) else {
+            return None;
+        };
+        if replicated
+            .as_ref()
+            .is_some_and(|r| *r != Op::Replicate(a.clone()))
+        {
+            return None;
+        }
+        let fold = Op::ReduceParallel {
+            axis: a.clone(),
+            reducer: reducer.clone(),
+        };
+        let x = *xs.first()?;
+        let folded = self.node(fold, vec![x], info);
+        Some(match replicated {
+            Some(r) => self.views(folded, vec![r]),
+            None => folded,
+        })
+    }
+
+    /// When every operand but literals is combined by the same chain: the operands under it.
+    fn common_combinations(&self, ks: &[u32]) -> Option<(Vec<u32>, Vec<Op>)> {
+        let mut chain: Option<&Vec<Op>> = None;
+        let mut bases = Vec::with_capacity(ks.len());
+        for k in ks {
+            if self.info(*k).literal {
+                bases.push(*k);
+                continue;
+            }
+            let Some(Key::Combinations(b, ch)) = self.key(*k) else {
+                return None;
+            };
+            if chain.is_some_and(|c| c != ch) {
+                return None;
+            }
+            chain = Some(ch);
+            bases.push(*b);
+        }
+        chain.map(|c| (bases, c.clone()))
+    }
+}
+
+/// A chain of views (innermost first) in normal form: its transposes composed into one,
+/// applied to the base first (`transpose[p](partition[d,a](x))` is
+/// `partition[i,a](transpose[p](x))` where `p[i] = d`), then the partitions and replicates
+/// sorted by `view_rank`. Transposing a loaded tile is a way of writing its load.
+fn normal_views(chain: Vec<Op>) -> Vec<Op> {
+    let mut perm: Option<Vec<usize>> = None;
+    let mut rest: Vec<Op> = Vec::with_capacity(chain.len());
+    for op in chain {
+        match op {
+            Op::Transpose(p) => {
+                for v in &mut rest {
+                    if let Op::Partition(d, a) = v {
+                        if let Some(i) = p.iter().position(|x| x == d) {
+                            *v = Op::Partition(i, a.clone());
+                        }
+                    }
+                }
+                perm = Some(match perm {
+                    None => p,
+                    Some(t) => p.iter().map(|&i| t.get(i).copied().unwrap_or(i)).collect(),
+                });
+            }
+            v => rest.push(v),
+        }
+    }
+    rest.sort_by_key(view_rank);
+    let identity = |p: &Vec<usize>| p.iter().enumerate().all(|(i, &x)| i == x);
+    match perm.filter(|p| !identity(p)) {
+        Some(p) => std::iter::once(Op::Transpose(p)).chain(rest).collect(),
+        None => rest,
+    }
+}
+
+fn associative(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Binary(BinaryOp::Add | BinaryOp::Multiply | BinaryOp::Maximum | BinaryOp::Minimum)
+    )
+}
+
+fn is_pointwise(op: &Op) -> bool {
+    matches!(op, Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast(_))
+}
+
+/// A transpose inside a kernel, which the canonical form treats as part of a view chain.
+fn tile_transpose(op: &Op, info: KeyInfo) -> bool {
+    matches!(op, Op::Transpose(_)) && info.tiled
+}
+
+fn class_info(x: &ExtractGraph, c: u32) -> KeyInfo {
+    x.info[c as usize]
+}
+
+fn type_info(ty: Option<&Type>) -> KeyInfo {
+    match ty {
+        Some(Type::Tensor(t)) => KeyInfo {
+            tiled: !t.par.is_empty(),
+            literal: t.shape.is_empty() && t.par.is_empty(),
+            rank: t.shape.len(),
+        },
+        _ => KeyInfo {
+            tiled: tiled(ty),
+            literal: false,
+            rank: 0,
+        },
     }
 }
 
@@ -548,26 +860,36 @@ impl<'g, 'a> Walk<'g, 'a> {
         (walk, roots)
     }
 
+    /// The canonical id of class `c` under the walk's picks. Normalisation only looks at the
+    /// canonical forms of operands (never at which classes wrote them), so a partial program's
+    /// form and the forms of its holes' completions decide the completed program's form: what
+    /// early compaction's pruning needs.
     fn canon(&mut self, c: u32, interner: &mut Interner) -> u32 {
         if self.memo[c as usize] != NONE {
             return self.memo[c as usize];
         }
         self.visited[c as usize] = true;
-        let key = match self.x.op(c, self.choice) {
+        let info = class_info(self.x, c);
+        let id = match self.x.op(c, self.choice) {
             None => {
                 if self.first_hole.is_none() {
                     self.first_hole = Some(c);
                 }
                 self.holes.push(c);
-                Key::Hole(c)
+                interner.intern(Key::Hole(c), info)
             }
-            Some((n, kids)) if is_view(&n.op) || matches!(n.op, Op::Combination(..)) => {
+            Some((n, kids))
+                if is_view(&n.op)
+                    || matches!(n.op, Op::Combination(..))
+                    || tile_transpose(&n.op, info) =>
+            {
                 let combos = matches!(n.op, Op::Combination(..));
-                let same_kind = |op: &Op| {
+                let x = self.x;
+                let same_kind = |op: &Op, class: u32| {
                     if combos {
                         matches!(op, Op::Combination(..))
                     } else {
-                        is_view(op)
+                        is_view(op) || tile_transpose(op, class_info(x, class))
                     }
                 };
                 let mut chain = vec![n.op.clone()];
@@ -575,64 +897,45 @@ impl<'g, 'a> Walk<'g, 'a> {
                 while let Some((m, k)) = self
                     .x
                     .op(cur, self.choice)
-                    .filter(|(m, _)| same_kind(&m.op))
+                    .filter(|(m, _)| same_kind(&m.op, cur))
                 {
                     self.visited[cur as usize] = true;
                     chain.push(m.op.clone());
                     cur = k[0];
                 }
-                let mut base = self.canon(cur, interner);
-                // Written innermost first, then a stable sort: same-dimension order is kept.
+                let base = self.canon(cur, interner);
+                // Written innermost first; the sorts are stable, so same-dimension order is
+                // kept.
                 chain.reverse();
-                // A lifted operator can leave a chain of the same kind right below: merge.
-                match interner.key(base) {
-                    Some(Key::Combinations(b, inner)) if combos => {
-                        let mut all = inner.clone();
-                        all.extend(chain);
-                        chain = all;
-                        base = *b;
-                    }
-                    Some(Key::Views(b, inner)) if !combos => {
-                        let mut all = inner.clone();
-                        all.extend(chain);
-                        chain = all;
-                        base = *b;
-                    }
-                    _ => {}
-                }
-                chain.sort_by_key(view_rank);
                 if combos {
-                    Key::Combinations(base, chain)
+                    interner.combinations(base, chain, info)
                 } else {
-                    Key::Views(base, chain)
+                    interner.views(base, chain)
                 }
             }
             Some((n, kids)) => {
-                let mut ks: Vec<u32> = kids.iter().map(|k| self.canon(*k, interner)).collect();
-                if commutative(&n.op) {
-                    ks.sort();
+                let ks: Vec<u32> = kids.iter().map(|k| self.canon(*k, interner)).collect();
+                if let Some(id) = interner.collection_fold(&n.op, &ks, info) {
+                    self.memo[c as usize] = id;
+                    return id;
                 }
-                // A unary pointwise operator on partly combined tiles (the result is still
-                // tiled, so in the same kernel) is the operator on the tiles, combined: lift
-                // it inside the combinations.
-                let still_tiled = class_tiled(self.x, c);
-                let lifted = match (&n.op, ks.as_slice()) {
-                    (Op::Unary(_) | Op::Cast(_), [k]) if still_tiled => match interner.key(*k) {
-                        Some(Key::Combinations(base, chain)) => Some((*base, chain.clone())),
-                        _ => None,
-                    },
-                    _ => None,
+                // A pointwise operator on partly combined tiles (the result is still tiled, so
+                // in the same kernel) is the operator on the tiles, combined: lift it inside
+                // the combinations.
+                let lifted = if is_pointwise(&n.op) && info.tiled {
+                    interner.common_combinations(&ks)
+                } else {
+                    None
                 };
                 match lifted {
-                    Some((base, chain)) => {
-                        let inner = interner.intern(Key::Node(n.op.clone(), vec![base]));
-                        Key::Combinations(inner, chain)
+                    Some((bases, chain)) => {
+                        let inner = interner.node(n.op.clone(), bases, info);
+                        interner.combinations(inner, chain, info)
                     }
-                    None => Key::Node(n.op.clone(), ks),
+                    None => interner.node(n.op.clone(), ks, info),
                 }
             }
         };
-        let id = interner.intern(key);
         self.memo[c as usize] = id;
         id
     }
@@ -701,7 +1004,7 @@ fn reaches(
 }
 
 fn class_tiled(x: &ExtractGraph, c: u32) -> bool {
-    tiled(x.g.egraph[x.ids[c as usize]].data.as_ref())
+    x.info[c as usize].tiled
 }
 
 /// Whether `c` is a load: a tensor-level value, or views of one. `None` while a hole decides.
@@ -796,6 +1099,79 @@ fn loads_only(x: &ExtractGraph, choice: &Choice) -> bool {
     })
 }
 
+/// Each value is computed once. A class that can be written as views of a value the program
+/// computes anyway — a computed tensor-level value (stored, so loaded), or a tile computed in
+/// a kernel (replicated) — is written so, unless that value is computed from this very class.
+/// A program that recomputes such a value elsewhere does the work twice; the programs that
+/// compute it one way or the other are candidates of their own. Judged on resolved classes, so
+/// a partial program that breaks it is pruned before it is expanded.
+fn computed_once(x: &ExtractGraph, choice: &Choice, visited: &[bool], seen: &mut [bool]) -> bool {
+    let picked = |k: usize| visited[k] && choice[k] != NONE;
+    // The computed value class `k` can be read from through views (`via`: the view above it),
+    // memoised per (class, via is a replicate).
+    let mut memo: FxHashMap<(u32, bool), Option<u32>> = FxHashMap::default();
+    fn source(
+        x: &ExtractGraph,
+        choice: &Choice,
+        picked: &dyn Fn(usize) -> bool,
+        k: u32,
+        replicated: bool,
+        memo: &mut FxHashMap<(u32, bool), Option<u32>>,
+    ) -> Option<u32> {
+        if let Some(r) = memo.get(&(k, replicated)) {
+            return *r;
+        }
+        let ku = k as usize;
+        let r = if !class_tiled(x, k) {
+            (picked(ku) && !x.constant[ku] && !x.input[ku]).then_some(k)
+        } else if picked(ku) {
+            let (n, kids) = &x.nodes[ku][choice[ku] as usize];
+            if is_view(&n.op) {
+                let rep = matches!(n.op, Op::Replicate(_));
+                source(x, choice, picked, kids[0], rep, memo)
+            } else {
+                // A tile computed in a kernel is only ever replicated, never sliced.
+                replicated.then_some(k)
+            }
+        } else {
+            x.nodes[ku]
+                .iter()
+                .filter(|(n, _)| is_view(&n.op))
+                .find_map(|(n, kids)| {
+                    let rep = matches!(n.op, Op::Replicate(_));
+                    source(x, choice, picked, kids[0], rep, memo)
+                })
+        };
+        memo.insert((k, replicated), r);
+        r
+    }
+    for (c, v) in visited.iter().enumerate() {
+        let n = choice[c];
+        if !*v || n == NONE || !class_tiled(x, c as u32) {
+            continue;
+        }
+        let (node, kids) = &x.nodes[c][n as usize];
+        let views_of = |n: &ENode, kids: &[u32], memo: &mut FxHashMap<(u32, bool), Option<u32>>| {
+            let rep = matches!(n.op, Op::Replicate(_));
+            source(x, choice, &picked, kids[0], rep, memo)
+        };
+        if is_view(&node.op) && views_of(node, kids, &mut memo).is_some() {
+            continue;
+        }
+        for (alt, kids) in &x.nodes[c] {
+            if !is_view(&alt.op) {
+                continue;
+            }
+            if let Some(t) = views_of(alt, kids, &mut memo) {
+                if t as usize != c && !reaches(x, choice, &[t], c as u32, seen) {
+                    return false;
+                }
+            }
+        }
+    }
+    true
+}
+
 /// What a partial program fixes, beyond its canonical form, that can still change how its
 /// holes are completed: the picks of resolved classes that some hole reaches and that had a
 /// choice (more than one valid e-node). A completion only ever meets classes reachable from the
@@ -825,7 +1201,14 @@ pub struct Extractor {
     /// Only candidates with at most this many kernels; partial programs that must exceed it
     /// are pruned.
     pub max_kernels: Option<usize>,
+    /// The backend's verdict on a complete program: `Err(reason)` when it cannot lower it.
+    /// Candidates it refuses are not output (counted as `not_lowerable`).
+    pub lowerable: Option<LowerCheck>,
 }
+
+/// A backend's lowerability test for complete candidates (the extractor does not depend on
+/// any backend).
+pub type LowerCheck = std::sync::Arc<dyn Fn(&Function) -> Result<(), String> + Send + Sync>;
 
 impl Default for Extractor {
     fn default() -> Self {
@@ -834,6 +1217,7 @@ impl Default for Extractor {
             max_candidates: 1000,
             time_limit: Duration::from_secs(60),
             max_kernels: None,
+            lowerable: None,
         }
     }
 }
@@ -859,6 +1243,11 @@ impl Extractor {
         self
     }
 
+    pub fn with_lowerable(mut self, check: LowerCheck) -> Self {
+        self.lowerable = Some(check);
+        self
+    }
+
     /// Algorithm 1 (or its ablations). The worklist is ordered cheapest first (estimated
     /// tree cost of the completed program; the newest first among equals, so the search dives
     /// to complete programs), which makes the first candidates found under a limit the ones
@@ -868,8 +1257,8 @@ impl Extractor {
         let start = Instant::now();
         let classes = x.ids.len();
         let mut interner = Interner::default();
-        let mut seen: HashSet<(Vec<u32>, Vec<u64>)> = HashSet::new();
-        let mut distinct: HashSet<Vec<u32>> = HashSet::new();
+        let mut seen: FxHashSet<(Vec<u32>, Vec<u64>)> = FxHashSet::default();
+        let mut distinct: FxHashSet<Vec<u32>> = FxHashSet::default();
         // Trail: (parent, class, e-node); entry 0 is the empty program.
         let mut trail: Vec<(u32, u32, u32)> = vec![(NONE, NONE, NONE)];
         let mut roots: Vec<u32> = x.roots.clone();
@@ -888,6 +1277,10 @@ impl Extractor {
         let mut stop = ExtractStop::Exhausted;
         let mut taken = 0usize;
         let mut over_kernels = 0usize;
+        let mut recomputed = 0usize;
+        let mut equivalent = 0usize;
+        let mut not_lowerable = 0usize;
+        let mut first_refusal: Option<String> = None;
         while let Some((_, _, at)) = worklist.pop() {
             taken += 1;
             if (taken == 1 || taken % 256 == 0) && start.elapsed() > self.time_limit {
@@ -916,9 +1309,14 @@ impl Extractor {
                     continue;
                 }
             }
+            if !computed_once(x, &s, &visited, &mut scratch) {
+                recomputed += 1;
+                continue;
+            }
             if self.compaction == Compaction::Early {
                 let context = hole_context(x, &s, &holes);
                 if !seen.insert((form.clone(), context)) {
+                    equivalent += 1;
                     continue; // ≈ₚ a partial program already taken
                 }
             }
@@ -935,6 +1333,17 @@ impl Extractor {
                 if self.max_kernels.is_some_and(|max| summary.kernels > max) {
                     over_kernels += 1;
                     continue;
+                }
+                // One lowering per class: a representative of a class already output stands
+                // for it. A refused representative leaves the class open to another.
+                if let Some(check) = &self.lowerable {
+                    if !distinct.contains(&form) {
+                        if let Err(reason) = check(&program) {
+                            not_lowerable += 1;
+                            first_refusal.get_or_insert(reason);
+                            continue;
+                        }
+                    }
                 }
                 complete += 1;
                 let new = distinct.insert(form);
@@ -982,6 +1391,10 @@ impl Extractor {
             complete,
             rejected,
             over_kernels,
+            recomputed,
+            equivalent,
+            not_lowerable,
+            first_refusal,
             distinct: distinct.len(),
             seconds: start.elapsed().as_secs_f64(),
             candidates,

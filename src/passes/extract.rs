@@ -6,7 +6,7 @@
 use super::{OptionInfo, OptionKind, Pass, PassContext, PassInfo};
 use crate::diag::{Diagnostic, Severity};
 use crate::egraph::extract::{reconstruct, summarize, Compaction, ExtractGraph, Extractor};
-use crate::ir::Module;
+use crate::ir::{Function, Module};
 use std::time::Duration;
 
 pub fn extract_info() -> PassInfo {
@@ -76,7 +76,17 @@ impl Pass for ExtractPass {
             .with_compaction(self.compaction)
             .with_max_candidates(self.max_candidates.max(1))
             .with_time_limit(Duration::from_secs_f64(self.time_limit.max(0.0)))
-            .with_max_kernels(self.max_kernels);
+            .with_max_kernels(self.max_kernels)
+            .with_lowerable({
+                // Reducer definitions only: what lowering reads from the module.
+                let reducers = Module {
+                    reducers: module.reducers.clone(),
+                    ..Module::default()
+                };
+                std::sync::Arc::new(move |f: &Function| {
+                    crate::backend::triton::lowerable(&reducers, f)
+                })
+            });
         let mut funcs = Vec::new();
         let mut per_graph = Vec::new();
         let mut errors = Vec::new();
@@ -99,7 +109,7 @@ impl Pass for ExtractPass {
                 ));
             }
             cx.report.push(format!(
-                "// extract @{}: compaction={}, {} expanded, {} complete, {} distinct, {} output, {} without launch order, {}, {:.3} s",
+                "// extract @{}: compaction={}, {} expanded, {} complete, {} distinct, {} output, {} without launch order, {} not lowerable, {}, {:.3} s",
                 g.name,
                 format!("{:?}", self.compaction).to_lowercase(),
                 report.expanded,
@@ -107,9 +117,19 @@ impl Pass for ExtractPass {
                 report.distinct,
                 report.candidates.len(),
                 report.rejected,
+                report.not_lowerable,
                 report.stop,
                 report.seconds
             ));
+            if let Some(reason) = &report.first_refusal {
+                cx.diagnostics.push(Diagnostic::global(
+                    Severity::Remark,
+                    format!(
+                        "extract @{}: {} complete program(s) not output because `lower` refuses them; the first: {reason}",
+                        g.name, report.not_lowerable
+                    ),
+                ));
+            }
             let total = report.candidates.len();
             let mut listed = Vec::new();
             for (i, c) in report.candidates.iter().enumerate() {
@@ -137,6 +157,9 @@ impl Pass for ExtractPass {
                 "complete_candidates": report.complete,
                 "rejected_no_launch_order": report.rejected,
                 "pruned_over_max_kernels": report.over_kernels,
+                "pruned_computing_twice": report.recomputed,
+                "pruned_equivalent": report.equivalent,
+                "rejected_not_lowerable": report.not_lowerable,
                 "distinct_candidates": report.distinct,
                 "output": total,
                 "stop_reason": report.stop.to_string(),
