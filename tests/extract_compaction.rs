@@ -10,6 +10,13 @@ use efopt::egraph::TypedEGraph;
 use std::collections::BTreeSet;
 use std::path::Path;
 
+/// The unsaturated e-graph of the first function of `text`.
+fn egraph_of(text: &str) -> TypedEGraph {
+    let mut m = efopt::parse::parse_module(text, 0).expect("parses");
+    efopt::passes::verify::verify_module(&mut m).expect("verifies");
+    TypedEGraph::from_function(&m.funcs[0], &m.reducers).expect("e-graph")
+}
+
 /// The extractor as the `extract` pass configures it: candidates `lower` refuses are dropped.
 fn extractor(g: &TypedEGraph, mode: Compaction) -> Extractor {
     let reducers = efopt::ir::Module {
@@ -48,9 +55,7 @@ fn early_compaction_keeps_one_representative_of_every_class() {
         ("ngpt", 4, false),
     ] {
         let text = std::fs::read_to_string(root.join(format!("examples/{name}.ef"))).unwrap();
-        let mut m = efopt::parse::parse_module(&text, 0).expect("parses");
-        efopt::passes::verify::verify_module(&mut m).expect("verifies");
-        let mut g = TypedEGraph::from_function(&m.funcs[0], &m.reducers).expect("e-graph");
+        let mut g = egraph_of(&text);
         Runner::default()
             .with_iter_limit(iterations)
             .run(&mut g, &all_rules());
@@ -96,9 +101,7 @@ fn early_compaction_keeps_one_representative_of_every_class() {
 #[test]
 fn a_stored_value_is_never_recomputed() {
     let text = "func once where B = 16, H = 64 {\n  x: tensor<BxH, bf16> = input\n  y = cast(x) to=f32\n  s = reduce y axis=H reducer=@add keep_dims\n  return y / s\n}\n";
-    let mut m = efopt::parse::parse_module(text, 0).expect("parses");
-    efopt::passes::verify::verify_module(&mut m).expect("verifies");
-    let mut g = TypedEGraph::from_function(&m.funcs[0], &m.reducers).expect("e-graph");
+    let mut g = egraph_of(text);
     Runner::default().run(&mut g, &all_rules());
     let x = ExtractGraph::new(&g).expect("extractable");
     for mode in [Compaction::None, Compaction::Early] {
@@ -134,9 +137,7 @@ fn a_stored_value_is_never_recomputed() {
 
 /// The canonical form of the one candidate of an unsaturated program.
 fn form_of(text: &str) -> String {
-    let mut m = efopt::parse::parse_module(text, 0).expect("parses");
-    efopt::passes::verify::verify_module(&mut m).expect("verifies");
-    let g = TypedEGraph::from_function(&m.funcs[0], &m.reducers).expect("e-graph");
+    let g = egraph_of(text);
     let x = ExtractGraph::new(&g).expect("extractable");
     let report = extractor(&g, Compaction::Early).run(&x);
     assert_eq!(report.candidates.len(), 1, "{text}");
