@@ -60,12 +60,7 @@ fn main() {
             }
         };
         // As the `extract` pass runs it: candidates `lower` refuses are not output.
-        let reducers = efopt::ir::Module {
-            reducers: g.egraph.analysis.env.reducers().to_vec(),
-            ..Default::default()
-        };
-        let check: efopt::egraph::extract::LowerCheck =
-            std::sync::Arc::new(move |f| efopt::backend::triton::lowerable(&reducers, f));
+        let check = efopt::passes::extract::lower_check(g.egraph.analysis.env.reducers());
         let mut expanded = Vec::new();
         for mode in [Compaction::None, Compaction::After, Compaction::Early] {
             let r = Extractor::default()

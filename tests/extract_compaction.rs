@@ -19,16 +19,12 @@ fn egraph_of(text: &str) -> TypedEGraph {
 
 /// The extractor as the `extract` pass configures it: candidates `lower` refuses are dropped.
 fn extractor(g: &TypedEGraph, mode: Compaction) -> Extractor {
-    let reducers = efopt::ir::Module {
-        reducers: g.egraph.analysis.env.reducers().to_vec(),
-        ..Default::default()
-    };
     Extractor::default()
         .with_compaction(mode)
         .with_max_candidates(1_000_000)
-        .with_lowerable(std::sync::Arc::new(move |f| {
-            efopt::backend::triton::lowerable(&reducers, f)
-        }))
+        .with_lowerable(efopt::passes::extract::lower_check(
+            g.egraph.analysis.env.reducers(),
+        ))
 }
 
 fn classes(g: &TypedEGraph, x: &ExtractGraph, mode: Compaction) -> (Vec<String>, usize) {
@@ -174,4 +170,47 @@ fn one_kernel_written_two_ways_is_one_class() {
         "func f where M = 16, K = 64 {\n  x: tensor<MxK, f32> = input\n  partial = reduce (partition[1,k](x)) axis=1 reducer=@add\n  return reduce (collection[k](partial)) axis=0 reducer=@add\n}\n",
     );
     assert_ne!(looped, stored);
+}
+
+/// Candidates the backend refuses are not output, are counted, and the first reason is kept;
+/// the others come out as without the check. Here a stand-in backend refuses every
+/// multi-kernel program of the row sum.
+#[test]
+fn refused_candidates_are_counted_and_not_output() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("examples/rowsum.ef")).unwrap();
+    let mut g = egraph_of(&text);
+    Runner::default().run(&mut g, &all_rules());
+    let x = ExtractGraph::new(&g).expect("extractable");
+    let kernels = |c: &efopt::egraph::extract::Candidate| {
+        let mut f = efopt::egraph::extract::reconstruct(&x, &c.choice, "f");
+        efopt::egraph::extract::summarize(&mut f).kernels
+    };
+    let all = Extractor::default().run(&x);
+    let single: BTreeSet<String> = all
+        .candidates
+        .iter()
+        .filter(|c| kernels(c) == 1)
+        .map(|c| canonical_text(&x, &c.choice))
+        .collect();
+    assert!(!single.is_empty() && single.len() < all.candidates.len());
+    let refusing = Extractor::default().with_lowerable(std::sync::Arc::new(|f| {
+        let mut f = f.clone();
+        match efopt::egraph::extract::summarize(&mut f).kernels {
+            1 => Ok(()),
+            _ => Err("more than one kernel".to_string()),
+        }
+    }));
+    let report = refusing.run(&x);
+    let kept: BTreeSet<String> = report
+        .candidates
+        .iter()
+        .map(|c| canonical_text(&x, &c.choice))
+        .collect();
+    assert_eq!(kept, single);
+    assert!(report.not_lowerable > 0);
+    assert_eq!(
+        report.first_refusal.as_deref(),
+        Some("more than one kernel")
+    );
 }

@@ -1194,6 +1194,7 @@ fn hole_context(x: &ExtractGraph, s: &Choice, holes: &[u32]) -> Vec<u64> {
 }
 
 /// Builder-style limits, as for saturation.
+#[derive(Clone)]
 pub struct Extractor {
     pub compaction: Compaction,
     pub max_candidates: usize,

@@ -5,9 +5,22 @@
 
 use super::{OptionInfo, OptionKind, Pass, PassContext, PassInfo};
 use crate::diag::{Diagnostic, Severity};
-use crate::egraph::extract::{reconstruct, summarize, Compaction, ExtractGraph, Extractor};
-use crate::ir::{Function, Module};
+use crate::egraph::extract::{
+    reconstruct, summarize, Compaction, ExtractGraph, Extractor, LowerCheck,
+};
+use crate::ir::{Function, Module, ReducerDef};
 use std::time::Duration;
+
+/// The Triton backend's lowerability test, as the extractor takes it: candidates of an
+/// e-graph whose reducers (the module's and those fusion generated) are `reducers`.
+pub fn lower_check(reducers: &[ReducerDef]) -> LowerCheck {
+    // Reducer definitions only: what lowering reads from the module.
+    let module = Module {
+        reducers: reducers.to_vec(),
+        ..Module::default()
+    };
+    std::sync::Arc::new(move |f: &Function| crate::backend::triton::lowerable(&module, f))
+}
 
 pub fn extract_info() -> PassInfo {
     const OPTIONS: &[OptionInfo] = &[
@@ -76,17 +89,7 @@ impl Pass for ExtractPass {
             .with_compaction(self.compaction)
             .with_max_candidates(self.max_candidates.max(1))
             .with_time_limit(Duration::from_secs_f64(self.time_limit.max(0.0)))
-            .with_max_kernels(self.max_kernels)
-            .with_lowerable({
-                // Reducer definitions only: what lowering reads from the module.
-                let reducers = Module {
-                    reducers: module.reducers.clone(),
-                    ..Module::default()
-                };
-                std::sync::Arc::new(move |f: &Function| {
-                    crate::backend::triton::lowerable(&reducers, f)
-                })
-            });
+            .with_max_kernels(self.max_kernels);
         let mut funcs = Vec::new();
         let mut per_graph = Vec::new();
         let mut errors = Vec::new();
@@ -101,7 +104,10 @@ impl Pass for ExtractPass {
                     continue;
                 }
             };
-            let report = extractor.run(&x);
+            let report = extractor
+                .clone()
+                .with_lowerable(lower_check(g.egraph.analysis.env.reducers()))
+                .run(&x);
             if report.stop != crate::egraph::extract::ExtractStop::Exhausted {
                 cx.diagnostics.push(Diagnostic::global(
                     Severity::Remark,
