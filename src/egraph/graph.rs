@@ -18,6 +18,8 @@ pub struct TypeAnalysis {
     /// Search index the runner refreshes before each search: every `reduce … parallel=` e-node
     /// with a built-in reducer, as (class, input class, axis, reducer), in class order.
     pub parallel_reductions: Vec<(Id, Id, String, crate::ir::BuiltinReducer)>,
+    /// Refreshed with `parallel_reductions`: which of their classes each class reaches.
+    pub reduction_reach: ReductionReach,
     /// The type of the e-node being added, when the caller has just inferred it.
     pub known_type: Option<Type>,
 }
@@ -64,6 +66,64 @@ impl egg::Analysis<ENode> for TypeAnalysis {
 
 pub type EGraph = egg::EGraph<ENode, TypeAnalysis>;
 
+/// Downward reachability from every class to a few target classes, as one bitset per class
+/// over the targets: product fusion asks "does this input use that reduction?" for every pair
+/// of reductions, and one pass over the e-graph answers all of them.
+#[derive(Default)]
+pub struct ReductionReach {
+    targets: HashMap<Id, usize>,
+    words: usize,
+    /// Bitset of each class (indexed by canonical id), `words` u64s each.
+    bits: Vec<u64>,
+}
+
+impl ReductionReach {
+    /// Reachability to `targets` (canonical class ids) in `eg`, which must be rebuilt.
+    pub fn new(eg: &EGraph, targets: &[Id]) -> ReductionReach {
+        let mut index = HashMap::new();
+        for &t in targets {
+            let next = index.len();
+            index.entry(t).or_insert(next);
+        }
+        let words = index.len().div_ceil(64);
+        let slots = eg
+            .classes()
+            .map(|c| usize::from(c.id) + 1)
+            .max()
+            .unwrap_or(0);
+        let mut bits = vec![0u64; slots * words];
+        // Mark every user of each target, walking parent lists upward.
+        let mut stack = Vec::new();
+        for (&t, &i) in &index {
+            let (word, bit) = (i / 64, 1u64 << (i % 64));
+            stack.push(t);
+            while let Some(c) = stack.pop() {
+                let slot = &mut bits[usize::from(c) * words + word];
+                if *slot & bit == 0 {
+                    *slot |= bit;
+                    stack.extend(eg[c].parents().map(|p| eg.find(p)));
+                }
+            }
+        }
+        ReductionReach {
+            targets: index,
+            words,
+            bits,
+        }
+    }
+
+    /// Whether some term of `from` uses `target` (`from` itself counts); false for a class
+    /// that is not a target.
+    pub fn reaches(&self, eg: &EGraph, from: Id, target: Id) -> bool {
+        let (from, target) = (usize::from(eg.find(from)), eg.find(target));
+        self.targets.get(&target).is_some_and(|&i| {
+            self.bits
+                .get(from * self.words + i / 64)
+                .is_some_and(|w| w & (1 << (i % 64)) != 0)
+        })
+    }
+}
+
 /// An e-graph with the function interface it represents.
 pub struct TypedEGraph {
     pub name: String,
@@ -76,6 +136,7 @@ pub struct TypedEGraph {
 fn new_egraph(reducers: &[ReducerDef]) -> EGraph {
     egg::EGraph::new(TypeAnalysis {
         parallel_reductions: Vec::new(),
+        reduction_reach: ReductionReach::default(),
         known_type: None,
         env: TypeEnv::new(reducers),
         conflicts: 0,

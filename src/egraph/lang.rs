@@ -43,18 +43,25 @@ pub enum Op {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ENode {
     pub op: Op,
-    pub children: Vec<Id>,
+    /// Operands; no operation has more than three, so they live inline (e-nodes are cloned
+    /// into the hashcons, their class and parent lists).
+    pub children: Children,
 }
 
+pub type Children = smallvec::SmallVec<[Id; 3]>;
+
 impl ENode {
-    pub fn new(op: Op, children: Vec<Id>) -> ENode {
-        ENode { op, children }
+    pub fn new(op: Op, children: impl Into<Children>) -> ENode {
+        ENode {
+            op,
+            children: children.into(),
+        }
     }
 
     pub fn leaf(op: Op) -> ENode {
         ENode {
             op,
-            children: vec![],
+            children: Children::new(),
         }
     }
 
@@ -206,7 +213,7 @@ impl ENode {
             ExprKind::Reshape(s, _) => Op::Reshape(s.clone()),
             ExprKind::Broadcast(s, _) => Op::Broadcast(s.clone()),
         };
-        Ok(ENode { op, children })
+        Ok(ENode::new(op, children))
     }
 }
 

@@ -2,7 +2,7 @@
 //! proposed terms, union, rebuild — until nothing changes or a limit stops it.
 
 use super::graph::TypedEGraph;
-use super::lang::ENode;
+use super::lang::{Children, ENode, Op};
 use super::rules::{Family, Out, Rule, Term};
 use crate::ir::Type;
 use crate::passes::typing::infer;
@@ -199,11 +199,16 @@ impl Runner {
                     for &c in scope {
                         for n in egraph[c].nodes.iter().filter(|n| rule.root.matches(&n.op)) {
                             (rule.find)(egraph, c, n, &mut out);
-                            all.proposals.extend(
-                                out.proposals
-                                    .drain(..)
-                                    .map(|(t, term)| (Some(t.unwrap_or(c)), term)),
-                            );
+                            // Most proposals are terms the class already holds (rules re-find
+                            // their matches): drop them here, in parallel, not in the
+                            // sequential apply phase.
+                            all.proposals.extend(out.proposals.drain(..).filter_map(
+                                |(t, mut term)| {
+                                    let target = egraph.find(t.unwrap_or(c));
+                                    (lookup_term(egraph, &mut term) != Some(target))
+                                        .then_some((Some(target), term))
+                                },
+                            ));
                             all.reducers.append(&mut out.reducers);
                         }
                     }
@@ -346,6 +351,12 @@ fn index_parallel_reductions(g: &mut TypedEGraph, classes: &[Id]) {
             }
         }
     }
+    let targets: Vec<Id> = index.iter().map(|entry| entry.0).collect();
+    g.egraph.analysis.reduction_reach = if targets.len() > 1 {
+        super::graph::ReductionReach::new(&g.egraph, &targets)
+    } else {
+        super::graph::ReductionReach::default()
+    };
     g.egraph.analysis.parallel_reductions = index;
 }
 
@@ -399,6 +410,24 @@ fn dirty_neighbourhood(
     dirty
 }
 
+/// The class of `term` if every e-node of it is already in the e-graph.
+/// (The term is only borrowed: its operators move into the probe e-node and back.)
+fn lookup_term(eg: &crate::egraph::EGraph, term: &mut Term) -> Option<Id> {
+    match term {
+        Term::Class(id) => Some(eg.find(*id)),
+        Term::Node(op, kids) => {
+            let children = kids
+                .iter_mut()
+                .map(|k| lookup_term(eg, k))
+                .collect::<Option<Children>>()?;
+            let mut probe = ENode::new(std::mem::replace(op, Op::Tuple), children);
+            let found = eg.lookup(&mut probe);
+            *op = probe.op;
+            found
+        }
+    }
+}
+
 /// Adds a term bottom-up, checking each new e-node's type with the verifier's rules, and
 /// counts the e-nodes it creates in `added`.
 pub fn add_term(g: &mut TypedEGraph, term: Term, added: &mut usize) -> Result<Id, String> {
@@ -408,7 +437,7 @@ pub fn add_term(g: &mut TypedEGraph, term: Term, added: &mut usize) -> Result<Id
             let ids = kids
                 .into_iter()
                 .map(|k| add_term(g, k, added))
-                .collect::<Result<Vec<Id>, String>>()?;
+                .collect::<Result<Children, String>>()?;
             let mut enode = ENode::new(op, ids);
             // Rules re-propose known terms every iteration: reuse them without re-typing.
             if let Some(id) = g.egraph.lookup(&mut enode) {

@@ -121,32 +121,6 @@ fn builtin_parallel(n: &ENode) -> Option<(&String, BuiltinReducer)> {
     }
 }
 
-/// Every class some term of `from` uses, `from` included (downward reachability).
-fn descendants(eg: &EGraph, from: Id) -> HashSet<Id> {
-    let mut seen = HashSet::new();
-    let mut stack = vec![eg.find(from)];
-    while let Some(c) = stack.pop() {
-        if seen.insert(c) {
-            for n in &eg[c].nodes {
-                stack.extend(n.children.iter().map(|k| eg.find(*k)));
-            }
-        }
-    }
-    seen
-}
-
-/// Every class with a term that uses `of`, `of` included (upward reachability).
-fn ancestors(eg: &EGraph, of: Id) -> HashSet<Id> {
-    let mut seen = HashSet::new();
-    let mut stack = vec![eg.find(of)];
-    while let Some(c) = stack.pop() {
-        if seen.insert(c) {
-            stack.extend(eg[c].parents().map(|p| eg.find(p)));
-        }
-    }
-    seen
-}
-
 fn product_fusion(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
     let Some((axis, ra)) = builtin_parallel(n) else {
         return;
@@ -178,10 +152,10 @@ fn product_fusion(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
     }
     candidates.sort_by_key(|c| c.0);
     // Independent: neither input uses the other's result. One partner node per class.
-    let (used_by_x, users_of_class) = (descendants(eg, x), ancestors(eg, class));
+    let reach = &eg.analysis.reduction_reach;
     let mut partners: Vec<(Id, Id, BuiltinReducer)> = Vec::new();
     for (c, y, rb) in candidates {
-        let independent = !users_of_class.contains(&eg.find(y)) && !used_by_x.contains(&c);
+        let independent = !reach.reaches(eg, y, class) && !reach.reaches(eg, x, c);
         if independent && partners.last().is_none_or(|p| p.0 != c) {
             partners.push((c, y, rb));
         }
