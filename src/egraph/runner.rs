@@ -58,7 +58,7 @@ pub struct Report {
 pub enum Scheduler {
     /// Every rule, every iteration.
     Simple,
-    /// egg's backoff: a rule whose proposals exceed `match_limit · 2^bans` in an iteration has
+    /// egg's backoff: a rule whose new proposals (terms not yet in their class) exceed `match_limit · 2^bans` in an iteration has
     /// them dropped and sits out `ban_length · 2^bans` iterations, so one prolific rule cannot
     /// flood the e-graph.
     Backoff {
