@@ -976,34 +976,18 @@ pub fn canonical_text(x: &ExtractGraph, choice: &Choice) -> String {
     out
 }
 
-/// True when `from`, following picked e-nodes, reaches `target`.
+/// True when `from`, following picked e-nodes, reaches `target`. With `through_holes`, also
+/// when a class not resolved yet could reach it through any of its e-nodes: whether some
+/// completion makes `from` reach `target`.
 fn reaches(
     x: &ExtractGraph,
     choice: &Choice,
     from: &[u32],
     target: u32,
+    through_holes: bool,
     seen: &mut [bool],
 ) -> bool {
     let mut stack: Vec<u32> = from.to_vec();
-    seen.iter_mut().for_each(|s| *s = false);
-    while let Some(c) = stack.pop() {
-        if c == target {
-            return true;
-        }
-        if std::mem::replace(&mut seen[c as usize], true) {
-            continue;
-        }
-        if let Some((_, kids)) = x.op(c, choice) {
-            stack.extend(kids);
-        }
-    }
-    false
-}
-
-/// True when `from` reaches `target` in some completion: following picked e-nodes, and any
-/// e-node of a class not resolved yet.
-fn may_reach(x: &ExtractGraph, choice: &Choice, from: u32, target: u32, seen: &mut [bool]) -> bool {
-    let mut stack = vec![from];
     seen.iter_mut().for_each(|s| *s = false);
     let t = target as usize;
     while let Some(c) = stack.pop() {
@@ -1015,7 +999,9 @@ fn may_reach(x: &ExtractGraph, choice: &Choice, from: u32, target: u32, seen: &m
         }
         match x.op(c, choice) {
             Some((_, kids)) => stack.extend(kids),
-            None if x.reach[c as usize][t / 64] >> (t % 64) & 1 == 1 => return true,
+            None if through_holes && x.reach[c as usize][t / 64] >> (t % 64) & 1 == 1 => {
+                return true
+            }
             None => {}
         }
     }
@@ -1217,7 +1203,7 @@ fn computed_once(
                 continue;
             }
             if let Source::Value(t) = views_of(alt, kids, &mut memo) {
-                if t as usize != c && !may_reach(x, choice, t, c as u32, seen) {
+                if t as usize != c && !reaches(x, choice, &[t], c as u32, true, seen) {
                     return false;
                 }
             }
@@ -1422,7 +1408,7 @@ impl Extractor {
             };
             expanded += 1;
             for (i, (_, kids)) in x.nodes[h as usize].iter().enumerate() {
-                if reaches(x, &s, kids, h, &mut scratch) {
+                if reaches(x, &s, kids, h, false, &mut scratch) {
                     continue; // would close a cycle
                 }
                 s[h as usize] = i as u32;
