@@ -131,20 +131,20 @@ fn a_stored_value_is_never_recomputed() {
     }
 }
 
-/// The canonical form of an unsaturated program, lowerable or not.
-fn unchecked_form_of(text: &str) -> String {
-    let g = egraph_of(text);
-    let x = ExtractGraph::new(&g).expect("extractable");
-    let report = Extractor::default().run(&x);
-    assert_eq!(report.candidates.len(), 1, "{text}");
-    canonical_text(&x, &report.candidates[0].choice)
-}
-
 /// The canonical form of the one candidate of an unsaturated program.
 fn form_of(text: &str) -> String {
     let g = egraph_of(text);
-    let x = ExtractGraph::new(&g).expect("extractable");
-    let report = extractor(&g, Compaction::Early).run(&x);
+    only_form(&g, &extractor(&g, Compaction::Early), text)
+}
+
+/// The canonical form of an unsaturated program, lowerable or not.
+fn unchecked_form_of(text: &str) -> String {
+    only_form(&egraph_of(text), &Extractor::default(), text)
+}
+
+fn only_form(g: &TypedEGraph, extractor: &Extractor, text: &str) -> String {
+    let x = ExtractGraph::new(g).expect("extractable");
+    let report = extractor.run(&x);
     assert_eq!(report.candidates.len(), 1, "{text}");
     canonical_text(&x, &report.candidates[0].choice)
 }
