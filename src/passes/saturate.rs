@@ -34,7 +34,7 @@ pub fn saturate_info() -> PassInfo {
             name: "scheduler",
             kind: OptionKind::Choice(&["simple", "backoff"]),
             default: "simple",
-            help: "`simple` runs every rule every iteration; `backoff` bans rules that propose too many terms (egg's BackoffScheduler)",
+            help: "`simple` runs every rule every iteration; `backoff` bans rules that propose too many new terms (egg's BackoffScheduler)",
         },
         OptionInfo {
             name: "search",
