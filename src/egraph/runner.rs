@@ -3,13 +3,12 @@
 
 use super::graph::TypedEGraph;
 use super::lang::{Children, ENode, Op};
-use super::rules::{Family, Out, Rule, Term};
+use super::rules::{Family, Out, Root, Rule, Term};
 use crate::ir::Type;
 use crate::passes::typing::infer;
 use egg::Id;
 use rayon::prelude::*;
-use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet, FxHasher};
-use std::hash::{Hash, Hasher};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::time::{Duration, Instant};
 
 /// Why saturation stopped.
@@ -148,7 +147,6 @@ impl Runner {
         // how many of those lists it has already seen (None: it must search everything).
         let mut dirty_log: Vec<Vec<Id>> = Vec::new();
         let mut seen: Vec<Option<usize>> = vec![None; rules.len()];
-        let mut fingerprints = class_fingerprints(g);
         let stop = loop {
             if iterations >= self.iter_limit {
                 break StopReason::IterationLimit(self.iter_limit);
@@ -189,15 +187,36 @@ impl Runner {
                 .collect();
             // Rules search in parallel on the frozen e-graph; results keep rule order.
             let egraph = &g.egraph;
+            // Each scope's e-nodes by the root kinds they match, in class order: a rule walks
+            // only the e-nodes it can match, without looking each class up again.
+            let index_of = |scope: &[Id]| -> Vec<Vec<(Id, &ENode)>> {
+                let mut by_root = vec![Vec::new(); Root::ALL.len()];
+                for &c in scope {
+                    for n in egraph[c].nodes.iter() {
+                        for (k, root) in Root::ALL.iter().enumerate() {
+                            if root.matches(&n.op) {
+                                by_root[k].push((c, n));
+                            }
+                        }
+                    }
+                }
+                by_root
+            };
+            let all_index = index_of(&classes);
+            let scope_index: HashMap<usize, Vec<Vec<(Id, &ENode)>>> =
+                scopes.iter().map(|(k, v)| (*k, index_of(v))).collect();
             let found: Vec<(usize, Out)> = active
                 .par_iter()
                 .map(|&(ri, since)| {
-                    let scope: &[Id] = since.and_then(|k| scopes.get(&k)).unwrap_or(&classes);
+                    let rule = rules[ri];
+                    let index = since
+                        .and_then(|k| scope_index.get(&k))
+                        .unwrap_or(&all_index);
+                    let root = Root::ALL.iter().position(|r| *r == rule.root).unwrap_or(0);
                     let mut out = Out::default();
                     let mut all = Out::default();
-                    let rule = rules[ri];
-                    for &c in scope {
-                        for n in egraph[c].nodes.iter().filter(|n| rule.root.matches(&n.op)) {
+                    for &(c, n) in &index[root] {
+                        {
                             (rule.find)(egraph, c, n, &mut out);
                             // Most proposals are terms the class already holds (rules re-find
                             // their matches): drop them here, in parallel, not in the
@@ -253,9 +272,9 @@ impl Runner {
             let mut hit_node_limit = false;
             // E-nodes added so far this iteration: with the count before it, an upper bound of
             // the e-node count (merges only lower it), without recounting every class.
-            let mut added = 0;
+            let mut added = Vec::new();
             for (ri, class, term) in proposals {
-                if nodes_before + added >= self.node_limit {
+                if nodes_before + added.len() >= self.node_limit {
                     hit_node_limit = true;
                     break;
                 }
@@ -288,14 +307,19 @@ impl Runner {
             let t_rebuild = Instant::now();
             super::graph::rebuild(&mut g.egraph);
             if self.incremental {
-                let now = class_fingerprints(g);
-                let mut dirty: Vec<Id> =
-                    dirty_neighbourhood(g, &fingerprints, &now, LOCAL_RULE_DEPTH)
-                        .into_iter()
-                        .collect();
+                // A class changed if it absorbed another class or a new e-node: exactly the
+                // classes whose e-node set grew. (A class whose children were only renamed
+                // by a merge below it is an ancestor of the merged class, and so in scope.)
+                let changed = classes
+                    .iter()
+                    .filter(|c| g.egraph.find(**c) != **c)
+                    .chain(added.iter())
+                    .map(|c| g.egraph.find(*c));
+                let mut dirty: Vec<Id> = neighbourhood(g, changed, LOCAL_RULE_DEPTH)
+                    .into_iter()
+                    .collect();
                 dirty.sort();
                 dirty_log.push(dirty);
-                fingerprints = now;
             }
             phase[2] += t_rebuild.elapsed().as_secs_f64();
             if let Some(p) = self.progress.as_mut() {
@@ -360,40 +384,10 @@ fn index_parallel_reductions(g: &mut TypedEGraph, classes: &[Id]) {
     g.egraph.analysis.parallel_reductions = index;
 }
 
-/// A fingerprint of each class's canonical e-nodes: it changes when the class gains e-nodes,
-/// is merged, or a child class is merged (children are canonical after a rebuild).
-fn class_fingerprints(g: &TypedEGraph) -> HashMap<Id, u64> {
-    g.egraph
-        .classes()
-        .map(|c| {
-            // egg keeps a class's nodes sorted after a rebuild; before the first one each
-            // class has a single node.
-            let mut h = FxHasher::default();
-            if c.nodes.is_sorted() {
-                c.nodes.hash(&mut h);
-            } else {
-                let mut nodes: Vec<&ENode> = c.nodes.iter().collect();
-                nodes.sort();
-                nodes.hash(&mut h);
-            }
-            (c.id, h.finish())
-        })
-        .collect()
-}
-
-/// Classes that changed between two fingerprints, and their ancestors up to `depth` levels:
-/// exactly the classes where a local rule could now match differently.
-fn dirty_neighbourhood(
-    g: &TypedEGraph,
-    before: &HashMap<Id, u64>,
-    after: &HashMap<Id, u64>,
-    depth: usize,
-) -> HashSet<Id> {
-    let mut dirty: HashSet<Id> = after
-        .iter()
-        .filter(|(id, h)| before.get(id) != Some(h))
-        .map(|(id, _)| *id)
-        .collect();
+/// The given classes and their ancestors up to `depth` levels: exactly the classes where a
+/// local rule could now match differently.
+fn neighbourhood(g: &TypedEGraph, changed: impl Iterator<Item = Id>, depth: usize) -> HashSet<Id> {
+    let mut dirty: HashSet<Id> = changed.collect();
     let mut frontier: Vec<Id> = dirty.iter().copied().collect();
     for _ in 0..depth {
         let mut next = Vec::new();
@@ -429,8 +423,8 @@ fn lookup_term(eg: &crate::egraph::EGraph, term: &mut Term) -> Option<Id> {
 }
 
 /// Adds a term bottom-up, checking each new e-node's type with the verifier's rules, and
-/// counts the e-nodes it creates in `added`.
-pub fn add_term(g: &mut TypedEGraph, term: Term, added: &mut usize) -> Result<Id, String> {
+/// records the classes of the e-nodes it creates in `added`.
+fn add_term(g: &mut TypedEGraph, term: Term, added: &mut Vec<Id>) -> Result<Id, String> {
     match term {
         Term::Class(id) => Ok(g.egraph.find(id)),
         Term::Node(op, kids) => {
@@ -460,7 +454,7 @@ pub fn add_term(g: &mut TypedEGraph, term: Term, added: &mut usize) -> Result<Id
             g.egraph.analysis.known_type = Some(ty);
             let id = g.egraph.add(enode);
             g.egraph.analysis.known_type = None;
-            *added += 1;
+            added.push(id);
             Ok(id)
         }
     }

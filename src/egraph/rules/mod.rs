@@ -113,6 +113,19 @@ pub enum Root {
 }
 
 impl Root {
+    pub const ALL: [Root; 10] = [
+        Root::Any,
+        Root::Binary,
+        Root::Pointwise,
+        Root::MatMul,
+        Root::Transpose,
+        Root::ReduceAxis,
+        Root::ReduceParallel,
+        Root::Partition,
+        Root::Replicate,
+        Root::Combination,
+    ];
+
     pub fn matches(self, op: &Op) -> bool {
         match self {
             Root::Any => true,
