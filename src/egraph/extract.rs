@@ -23,11 +23,14 @@
 //! program before expanding it when a ≈ₚ one was taken. The worklist is cheapest-first by an
 //! estimate of the work a program does (`node_cost`), so limits stop after the fused
 //! candidates; `max_kernels` prunes by a kernel lower bound. The hole expanded next is the
-//! one with the fewest e-nodes (forced picks first). Which hole is chosen must not change the
-//! classes found — every partial-program check holds for all completions, and ≈ is a
-//! function of the parts' forms — and it changes the cost a lot: rmsnorm_gemm took 2.57 M
-//! expansions resolving the first hole in walk order, 0.27 M this way, for the same 2,055
-//! classes.
+//! one with the fewest e-nodes (forced picks first; `HoleOrder`). Which hole is chosen must
+//! not change the classes found — every partial-program check holds for all completions,
+//! validity is the same for ≈ programs, ≈ is a function of the parts' forms, and a complete
+//! program is pruned only against one already output — and it changes the cost a lot:
+//! rmsnorm_gemm takes 2.6 M expansions resolving the hole with the most e-nodes first, 0.28 M
+//! this way, for the same 2,056 classes. Known gap: launch order is not a function of ≈ (a
+//! collection fold and `reduce … parallel=` are ≈ but can give different kernel graphs), so a
+//! partial program can still be pruned for one whose completions all lack a launch order.
 
 use super::graph::TypedEGraph;
 use super::lang::{ENode, Op};
@@ -1185,9 +1188,35 @@ fn computed_once(
         memo.insert((k, replicated), r);
         r
     }
+    // ≈ does not see how a chain of one associative operator is grouped in a kernel, so
+    // neither may this check: a class that is only an intermediate of such a chain (never
+    // used otherwise, not a result) is no value of its own. (Judging it made validity differ
+    // between ≈ programs, and which one early compaction kept decided whether the class
+    // survived.)
+    let mut chain_use = vec![false; x.ids.len()];
+    let mut other_use = vec![false; x.ids.len()];
+    for r in &x.roots {
+        other_use[*r as usize] = true;
+    }
+    for (p, v) in visited.iter().enumerate() {
+        if !*v || choice[p] == NONE {
+            continue;
+        }
+        let (node, kids) = &x.nodes[p][choice[p] as usize];
+        let chain = associative(&node.op) && class_tiled(x, p as u32);
+        for &k in kids {
+            let ku = k as usize;
+            let same_op = picked(ku) && x.nodes[ku][choice[ku] as usize].0.op == node.op;
+            if chain && same_op && class_tiled(x, k) {
+                chain_use[ku] = true;
+            } else {
+                other_use[ku] = true;
+            }
+        }
+    }
     for (c, v) in visited.iter().enumerate() {
         let n = choice[c];
-        if !*v || n == NONE || !class_tiled(x, c as u32) {
+        if !*v || n == NONE || !class_tiled(x, c as u32) || (chain_use[c] && !other_use[c]) {
             continue;
         }
         let (node, kids) = &x.nodes[c][n as usize];
@@ -1233,10 +1262,35 @@ fn hole_context(x: &ExtractGraph, s: &Choice, holes: &[u32]) -> Vec<u64> {
         .collect()
 }
 
+/// Which hole of a partial program Algorithm 1 resolves next. The classes found must not
+/// depend on it (every partial-program check holds for all completions); the work does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum HoleOrder {
+    /// The hole with the fewest valid e-nodes (forced picks first): the default.
+    FewestNodes,
+    /// The first hole in walk order from the results (depth-first, operands in order).
+    Walk,
+    /// The hole with the most valid e-nodes: the widest branching first, an adversarial order
+    /// for checking that pruning does not depend on the order.
+    MostNodes,
+}
+
+impl HoleOrder {
+    pub fn parse(s: &str) -> Option<HoleOrder> {
+        match s {
+            "fewest" => Some(HoleOrder::FewestNodes),
+            "walk" => Some(HoleOrder::Walk),
+            "most" => Some(HoleOrder::MostNodes),
+            _ => None,
+        }
+    }
+}
+
 /// Builder-style limits, as for saturation.
 #[derive(Clone)]
 pub struct Extractor {
     pub compaction: Compaction,
+    pub hole_order: HoleOrder,
     pub max_candidates: usize,
     pub time_limit: Duration,
     /// Only candidates with at most this many kernels; partial programs that must exceed it
@@ -1255,6 +1309,7 @@ impl Default for Extractor {
     fn default() -> Self {
         Extractor {
             compaction: Compaction::Early,
+            hole_order: HoleOrder::FewestNodes,
             max_candidates: 1000,
             time_limit: Duration::from_secs(60),
             max_kernels: None,
@@ -1266,6 +1321,11 @@ impl Default for Extractor {
 impl Extractor {
     pub fn with_compaction(mut self, c: Compaction) -> Self {
         self.compaction = c;
+        self
+    }
+
+    pub fn with_hole_order(mut self, order: HoleOrder) -> Self {
+        self.hole_order = order;
         self
     }
 
@@ -1345,10 +1405,17 @@ impl Extractor {
             } = walk;
             // Resolve the most constrained hole first: forced picks cost one expansion each
             // and never branch, and an early forced pick exposes dead ends sooner.
-            let hole = holes
-                .iter()
-                .copied()
-                .min_by_key(|h| x.nodes[*h as usize].len());
+            let hole = match self.hole_order {
+                HoleOrder::FewestNodes => holes
+                    .iter()
+                    .copied()
+                    .min_by_key(|h| x.nodes[*h as usize].len()),
+                HoleOrder::Walk => holes.first().copied(),
+                HoleOrder::MostNodes => holes
+                    .iter()
+                    .copied()
+                    .max_by_key(|h| x.nodes[*h as usize].len()),
+            };
             let cost = estimate(x, &s, &visited, &holes);
             if let Some(max) = self.max_kernels {
                 if kernel_lower_bound(x, &s, &visited, &memo) > max {
@@ -1360,7 +1427,15 @@ impl Extractor {
                 recomputed += 1;
                 continue;
             }
-            if self.compaction == Compaction::Early {
+            if self.compaction == Compaction::Early && holes.is_empty() {
+                // A complete program is ≈ one already output, or not pruned: one refused by
+                // the checks below (launch order, kernels, lowering), which ≈ programs need
+                // not share, must not take its class with it.
+                if distinct.contains(&form) {
+                    equivalent += 1;
+                    continue;
+                }
+            } else if self.compaction == Compaction::Early {
                 let context = hole_context(x, &s, &holes);
                 if !seen.insert((form.clone(), context)) {
                     equivalent += 1;

@@ -6,7 +6,7 @@
 use super::{OptionInfo, OptionKind, Pass, PassContext, PassInfo};
 use crate::diag::{Diagnostic, Severity};
 use crate::egraph::extract::{
-    reconstruct, summarize, Compaction, ExtractGraph, Extractor, LowerCheck,
+    reconstruct, summarize, Compaction, ExtractGraph, Extractor, HoleOrder, LowerCheck,
 };
 use crate::ir::{Function, Module, ReducerDef};
 use std::time::Duration;
@@ -29,6 +29,12 @@ pub fn extract_info() -> PassInfo {
             kind: OptionKind::Choice(&["early", "after", "none"]),
             default: "early",
             help: "`early` prunes equivalent partial programs before expanding them (Algorithm 1); `after` constructs every candidate and keeps one per class; `none` outputs every candidate",
+        },
+        OptionInfo {
+            name: "hole-order",
+            kind: OptionKind::Choice(&["fewest", "walk", "most"]),
+            default: "fewest",
+            help: "which hole of a partial program is resolved next: `fewest` valid e-nodes first (forced picks first), the first in `walk` order from the results, or `most` e-nodes first; the candidates found are the same, the work is not",
         },
         OptionInfo {
             name: "max-candidates",
@@ -58,6 +64,8 @@ pub fn extract_info() -> PassInfo {
             Box::new(ExtractPass {
                 compaction: Compaction::parse(opts.get(info, "compaction"))
                     .unwrap_or(Compaction::Early),
+                hole_order: HoleOrder::parse(opts.get(info, "hole-order"))
+                    .unwrap_or(HoleOrder::FewestNodes),
                 max_candidates: opts.get(info, "max-candidates").parse().unwrap_or(1000),
                 time_limit: opts.get(info, "time-limit").parse().unwrap_or(60.0),
                 max_kernels: opts
@@ -72,6 +80,7 @@ pub fn extract_info() -> PassInfo {
 
 struct ExtractPass {
     compaction: Compaction,
+    hole_order: HoleOrder,
     max_candidates: usize,
     time_limit: f64,
     max_kernels: Option<usize>,
@@ -87,6 +96,7 @@ impl Pass for ExtractPass {
         let graphs = super::saturate::module_egraphs(module, module.egraphs.is_empty())?;
         let extractor = Extractor::default()
             .with_compaction(self.compaction)
+            .with_hole_order(self.hole_order)
             .with_max_candidates(self.max_candidates.max(1))
             .with_time_limit(Duration::from_secs_f64(self.time_limit.max(0.0)))
             .with_max_kernels(self.max_kernels);
