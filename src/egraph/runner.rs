@@ -216,20 +216,18 @@ impl Runner {
                     let mut out = Out::default();
                     let mut all = Out::default();
                     for &(c, n) in &index[root] {
-                        {
-                            (rule.find)(egraph, c, n, &mut out);
-                            // Most proposals are terms the class already holds (rules re-find
-                            // their matches): drop them here, in parallel, not in the
-                            // sequential apply phase.
-                            all.proposals.extend(out.proposals.drain(..).filter_map(
-                                |(t, mut term)| {
-                                    let target = egraph.find(t.unwrap_or(c));
-                                    (lookup_term(egraph, &mut term) != Some(target))
-                                        .then_some((Some(target), term))
-                                },
-                            ));
-                            all.reducers.append(&mut out.reducers);
-                        }
+                        (rule.find)(egraph, c, n, &mut out);
+                        // Most proposals are terms the class already holds (rules re-find
+                        // their matches): drop them here, in parallel, not in the
+                        // sequential apply phase.
+                        all.proposals.extend(out.proposals.drain(..).filter_map(
+                            |(t, mut term)| {
+                                let target = egraph.find(t.unwrap_or(c));
+                                (lookup_term(egraph, &mut term) != Some(target))
+                                    .then_some((Some(target), term))
+                            },
+                        ));
+                        all.reducers.append(&mut out.reducers);
                     }
                     (ri, all)
                 })
