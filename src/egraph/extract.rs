@@ -30,7 +30,9 @@
 //! rmsnorm_gemm takes 2.6 M expansions resolving the hole with the most e-nodes first, 0.28 M
 //! this way, for the same 2,056 classes. Known gap: launch order is not a function of ≈ (a
 //! collection fold and `reduce … parallel=` are ≈ but can give different kernel graphs), so a
-//! partial program can still be pruned for one whose completions all lack a launch order.
+//! partial program can still be pruned for one whose completions all lack a launch order:
+//! expanding such pruned programs after all found 2,062 classes of rmsnorm_gemm in 60 s (not
+//! finishing) against 2,056.
 
 use super::graph::TypedEGraph;
 use super::lang::{ENode, Op};
