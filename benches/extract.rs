@@ -4,11 +4,6 @@
 //! Run with `cargo bench --bench extract`. The paper reports 128–2,465× fewer expanded states
 //! with early compaction than with compaction after completion, and the same distinct count.
 
-/// The e-graph passes allocate many small short-lived values (terms, e-nodes, types):
-/// mimalloc runs saturation about a fifth faster than the system allocator.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use efopt::egraph::extract::{Compaction, ExtractGraph, Extractor};
 use efopt::egraph::rules::all_rules;
 use efopt::egraph::runner::Runner;

@@ -2,11 +2,6 @@
 //! to the paper's figures (B = 16). Run with `cargo bench --bench saturate`; times are the
 //! median of five runs (`EFOPT_BENCH_REPS`); `EFOPT_BENCH_FILTER=name` runs one workload.
 
-/// The e-graph passes allocate many small short-lived values (terms, e-nodes, types):
-/// mimalloc runs saturation about a fifth faster than the system allocator.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use efopt::egraph::rules::all_rules;
 use efopt::egraph::runner::Runner;
 use efopt::egraph::TypedEGraph;

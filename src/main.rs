@@ -1,10 +1,5 @@
 //! The `efopt` command-line tool; see `efopt --help`.
 
-/// The e-graph passes allocate many small short-lived values (terms, e-nodes, types):
-/// mimalloc runs saturation about a fifth faster than the system allocator.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn main() {
     // The driver recurses over nesting bounded by the grammar; a larger stack gives headroom
     // on every platform.

@@ -626,7 +626,9 @@ impl Interner {
                 let mut flat = Vec::with_capacity(ks.len());
                 for k in ks {
                     match self.key(k) {
-                        Some(Key::Node(inner, kk)) if *inner == op && self.info(k).tiled => {
+                        Some(Key::Node(inner, kk))
+                            if chain_link(&op, info.tiled, inner, self.info(k).tiled) =>
+                        {
                             flat.extend(kk.iter().copied())
                         }
                         _ => flat.push(k),
@@ -799,6 +801,12 @@ fn normal_views(chain: Vec<Op>) -> Vec<Op> {
         Some(p) => std::iter::once(Op::Transpose(p)).chain(rest).collect(),
         None => rest,
     }
+}
+
+/// Whether a `child_op` child flattens into its `op` parent's chain in the canonical form:
+/// the same associative operator, both computed in a kernel.
+fn chain_link(op: &Op, tiled: bool, child_op: &Op, child_tiled: bool) -> bool {
+    associative(op) && tiled && child_op == op && child_tiled
 }
 
 fn associative(op: &Op) -> bool {
@@ -1205,11 +1213,16 @@ fn computed_once(
             continue;
         }
         let (node, kids) = &x.nodes[p][choice[p] as usize];
-        let chain = associative(&node.op) && class_tiled(x, p as u32);
         for &k in kids {
             let ku = k as usize;
-            let same_op = picked(ku) && x.nodes[ku][choice[ku] as usize].0.op == node.op;
-            if chain && same_op && class_tiled(x, k) {
+            let link = picked(ku)
+                && chain_link(
+                    &node.op,
+                    class_tiled(x, p as u32),
+                    &x.nodes[ku][choice[ku] as usize].0.op,
+                    class_tiled(x, k),
+                );
+            if link {
                 chain_use[ku] = true;
             } else {
                 other_use[ku] = true;
@@ -1398,14 +1411,13 @@ impl Extractor {
                 link = parent;
             }
             let (walk, form) = Walk::roots(x, &s, &mut interner);
-
             let Walk {
                 visited,
                 holes,
                 memo,
                 ..
             } = walk;
-            // Resolve the most constrained hole first: forced picks cost one expansion each
+            // By default the most constrained hole first: forced picks cost one expansion each
             // and never branch, and an early forced pick exposes dead ends sooner.
             let hole = match self.hole_order {
                 HoleOrder::FewestNodes => holes
@@ -1429,19 +1441,18 @@ impl Extractor {
                 recomputed += 1;
                 continue;
             }
-            if self.compaction == Compaction::Early && holes.is_empty() {
-                // A complete program is ≈ one already output, or not pruned: one refused by
+            if self.compaction == Compaction::Early {
+                // A complete program is pruned only when a ≈ one was output: one refused by
                 // the checks below (launch order, kernels, lowering), which ≈ programs need
                 // not share, must not take its class with it.
-                if distinct.contains(&form) {
+                let pruned = if holes.is_empty() {
+                    distinct.contains(&form)
+                } else {
+                    !seen.insert((form.clone(), hole_context(x, &s, &holes)))
+                };
+                if pruned {
                     equivalent += 1;
-                    continue;
-                }
-            } else if self.compaction == Compaction::Early {
-                let context = hole_context(x, &s, &holes);
-                if !seen.insert((form.clone(), context)) {
-                    equivalent += 1;
-                    continue; // ≈ₚ a partial program already taken
+                    continue; // ≈ₚ a program already taken
                 }
             }
             let Some(h) = hole else {

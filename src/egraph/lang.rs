@@ -43,8 +43,8 @@ pub enum Op {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ENode {
     pub op: Op,
-    /// Operands; no operation has more than three, so they live inline (e-nodes are cloned
-    /// into the hashcons, their class and parent lists).
+    /// Operands; all operations but wide tuples have at most three, so they live inline
+    /// (e-nodes are cloned into the hashcons, their class and parent lists).
     pub children: Children,
 }
 

@@ -57,9 +57,9 @@ pub struct Report {
 pub enum Scheduler {
     /// Every rule, every iteration.
     Simple,
-    /// egg's backoff: a rule whose new proposals (terms not yet in their class) exceed `match_limit · 2^bans` in an iteration has
-    /// them dropped and sits out `ban_length · 2^bans` iterations, so one prolific rule cannot
-    /// flood the e-graph.
+    /// egg's backoff: a rule whose new proposals (terms not yet in their class) exceed
+    /// `match_limit · 2^bans` in an iteration has them dropped and sits out
+    /// `ban_length · 2^bans` iterations, so one prolific rule cannot flood the e-graph.
     Backoff {
         match_limit: usize,
         ban_length: usize,
@@ -193,10 +193,8 @@ impl Runner {
                 let mut by_root = vec![Vec::new(); Root::ALL.len()];
                 for &c in scope {
                     for n in egraph[c].nodes.iter() {
-                        for (k, root) in Root::ALL.iter().enumerate() {
-                            if root.matches(&n.op) {
-                                by_root[k].push((c, n));
-                            }
+                        for root in Root::ALL.into_iter().filter(|r| r.matches(&n.op)) {
+                            by_root[root as usize].push((c, n));
                         }
                     }
                 }
@@ -212,10 +210,9 @@ impl Runner {
                     let index = since
                         .and_then(|k| scope_index.get(&k))
                         .unwrap_or(&all_index);
-                    let root = Root::ALL.iter().position(|r| *r == rule.root).unwrap_or(0);
                     let mut out = Out::default();
                     let mut all = Out::default();
-                    for &(c, n) in &index[root] {
+                    for &(c, n) in &index[rule.root as usize] {
                         (rule.find)(egraph, c, n, &mut out);
                         // Most proposals are terms the class already holds (rules re-find
                         // their matches): drop them here, in parallel, not in the
@@ -268,8 +265,8 @@ impl Runner {
             );
             let mut unions = 0;
             let mut hit_node_limit = false;
-            // E-nodes added so far this iteration: with the count before it, an upper bound of
-            // the e-node count (merges only lower it), without recounting every class.
+            // Classes of the e-nodes added so far this iteration: with the count before it, an
+            // upper bound of the e-node count (merges only lower it), and what changed.
             let mut added = Vec::new();
             for (ri, class, term) in proposals {
                 if nodes_before + added.len() >= self.node_limit {
