@@ -18,8 +18,9 @@ pub struct TypeAnalysis {
     /// Search index the runner refreshes before each search: every `reduce … parallel=` e-node
     /// with a built-in reducer, as (class, input class, axis, reducer), in class order.
     pub parallel_reductions: Vec<(Id, Id, String, crate::ir::BuiltinReducer)>,
-    /// Refreshed with `parallel_reductions`: which of their classes each class reaches.
-    pub reduction_reach: ReductionReach,
+    /// Reset with `parallel_reductions`: which of their classes each class reaches, computed
+    /// on first use (`reduction_reach`), as most iterations pair no reductions.
+    pub reduction_reach: std::sync::OnceLock<ReductionReach>,
     /// The type of the e-node being added, when the caller has just inferred it.
     pub known_type: Option<Type>,
 }
@@ -66,15 +67,34 @@ impl egg::Analysis<ENode> for TypeAnalysis {
 
 pub type EGraph = egg::EGraph<ENode, TypeAnalysis>;
 
-/// Downward reachability from every class to a few target classes, as one bitset per class
-/// over the targets: product fusion asks "does this input use that reduction?" for every pair
-/// of reductions, and one pass over the e-graph answers all of them.
+/// Downward reachability to the runner's reduction classes: product fusion asks "does this
+/// input use that reduction?" for pairs of reductions. Each target's users are marked once,
+/// on the first question about it, so targets no pair asks about cost nothing.
 #[derive(Default)]
 pub struct ReductionReach {
     targets: HashMap<Id, usize>,
-    words: usize,
-    /// Bitset of each class (indexed by canonical id), `words` u64s each.
-    bits: Vec<u64>,
+    /// Number of class slots (largest canonical id + 1).
+    slots: usize,
+    /// Per target, a bitset over class slots of the classes that use it (itself included).
+    users: Vec<std::sync::OnceLock<Vec<u64>>>,
+}
+
+/// Which `reduce … parallel=` classes of the runner's index each class reaches; `eg` must not
+/// have changed since the index was refreshed.
+pub fn reduction_reach(eg: &EGraph) -> &ReductionReach {
+    eg.analysis.reduction_reach.get_or_init(|| {
+        let targets: Vec<Id> = eg
+            .analysis
+            .parallel_reductions
+            .iter()
+            .map(|e| e.0)
+            .collect();
+        if targets.len() > 1 {
+            ReductionReach::new(eg, &targets)
+        } else {
+            ReductionReach::default()
+        }
+    })
 }
 
 impl ReductionReach {
@@ -85,30 +105,16 @@ impl ReductionReach {
             let next = index.len();
             index.entry(t).or_insert(next);
         }
-        let words = index.len().div_ceil(64);
         let slots = eg
             .classes()
             .map(|c| usize::from(c.id) + 1)
             .max()
             .unwrap_or(0);
-        let mut bits = vec![0u64; slots * words];
-        // Mark every user of each target, walking parent lists upward.
-        let mut stack = Vec::new();
-        for (&t, &i) in &index {
-            let (word, bit) = (i / 64, 1u64 << (i % 64));
-            stack.push(t);
-            while let Some(c) = stack.pop() {
-                let slot = &mut bits[usize::from(c) * words + word];
-                if *slot & bit == 0 {
-                    *slot |= bit;
-                    stack.extend(eg[c].parents().map(|p| eg.find(p)));
-                }
-            }
-        }
+        let users = (0..index.len()).map(|_| Default::default()).collect();
         ReductionReach {
             targets: index,
-            words,
-            bits,
+            slots,
+            users,
         }
     }
 
@@ -116,11 +122,28 @@ impl ReductionReach {
     /// that is not a target.
     pub fn reaches(&self, eg: &EGraph, from: Id, target: Id) -> bool {
         let (from, target) = (usize::from(eg.find(from)), eg.find(target));
-        self.targets.get(&target).is_some_and(|&i| {
-            self.bits
-                .get(from * self.words + i / 64)
-                .is_some_and(|w| w & (1 << (i % 64)) != 0)
-        })
+        let Some(&i) = self.targets.get(&target) else {
+            return false;
+        };
+        let users = self.users[i].get_or_init(|| {
+            // Mark every user of the target, walking parent lists upward.
+            let mut bits = vec![0u64; self.slots.div_ceil(64)];
+            let mut stack = vec![target];
+            while let Some(c) = stack.pop() {
+                let Some(word) = bits.get_mut(usize::from(c) / 64) else {
+                    continue;
+                };
+                let bit = 1u64 << (usize::from(c) % 64);
+                if *word & bit == 0 {
+                    *word |= bit;
+                    stack.extend(eg[c].parents().map(|p| eg.find(p)));
+                }
+            }
+            bits
+        });
+        users
+            .get(from / 64)
+            .is_some_and(|w| w & (1 << (from % 64)) != 0)
     }
 }
 
@@ -136,7 +159,7 @@ pub struct TypedEGraph {
 fn new_egraph(reducers: &[ReducerDef]) -> EGraph {
     egg::EGraph::new(TypeAnalysis {
         parallel_reductions: Vec::new(),
-        reduction_reach: ReductionReach::default(),
+        reduction_reach: std::sync::OnceLock::new(),
         known_type: None,
         env: TypeEnv::new(reducers),
         conflicts: 0,

@@ -189,20 +189,29 @@ impl Runner {
             let egraph = &g.egraph;
             // Each scope's e-nodes by the root kinds they match, in class order: a rule walks
             // only the e-nodes it can match, without looking each class up again.
-            let index_of = |scope: &[Id]| -> Vec<Vec<(Id, &ENode)>> {
+            let index_of = |scope: &[Id], wanted: u16| -> Vec<Vec<(Id, &ENode)>> {
                 let mut by_root = vec![Vec::new(); Root::ALL.len()];
                 for &c in scope {
                     for n in egraph[c].nodes.iter() {
-                        for root in Root::ALL.into_iter().filter(|r| r.matches(&n.op)) {
-                            by_root[root as usize].push((c, n));
+                        let mut roots = Root::set_of(&n.op) & wanted;
+                        while roots != 0 {
+                            by_root[roots.trailing_zeros() as usize].push((c, n));
+                            roots &= roots - 1;
                         }
                     }
                 }
                 by_root
             };
-            let all_index = index_of(&classes);
-            let scope_index: HashMap<usize, Vec<Vec<(Id, &ENode)>>> =
-                scopes.iter().map(|(k, v)| (*k, index_of(v))).collect();
+            // Only the root kinds some rule searching that index asks for.
+            let mut wanted: HashMap<Option<usize>, u16> = HashMap::default();
+            for &(ri, since) in &active {
+                *wanted.entry(since).or_default() |= 1 << rules[ri].root as usize;
+            }
+            let all_index = index_of(&classes, wanted.get(&None).copied().unwrap_or(0));
+            let scope_index: HashMap<usize, Vec<Vec<(Id, &ENode)>>> = scopes
+                .iter()
+                .map(|(k, v)| (*k, index_of(v, wanted.get(&Some(*k)).copied().unwrap_or(0))))
+                .collect();
             let found: Vec<(usize, Out)> = active
                 .par_iter()
                 .map(|&(ri, since)| {
@@ -370,12 +379,7 @@ fn index_parallel_reductions(g: &mut TypedEGraph, classes: &[Id]) {
             }
         }
     }
-    let targets: Vec<Id> = index.iter().map(|entry| entry.0).collect();
-    g.egraph.analysis.reduction_reach = if targets.len() > 1 {
-        super::graph::ReductionReach::new(&g.egraph, &targets)
-    } else {
-        super::graph::ReductionReach::default()
-    };
+    g.egraph.analysis.reduction_reach = std::sync::OnceLock::new();
     g.egraph.analysis.parallel_reductions = index;
 }
 

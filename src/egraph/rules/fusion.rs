@@ -66,15 +66,16 @@ fn finish(mut def: ReducerDef, prefix: &str) -> ReducerDef {
 
 /// `reducer @prod(state = <a0, a1>, item = <x0, x1>) { return tuple(a0 ∘ x0, a1 ∘ x1) }`,
 /// built once per combination (product fusion asks for it at every match).
-fn product_reducer(parts: &[BuiltinReducer]) -> ReducerDef {
-    use std::sync::{Mutex, OnceLock};
-    static MADE: OnceLock<Mutex<HashMap<Vec<BuiltinReducer>, ReducerDef>>> = OnceLock::new();
+fn product_reducer(parts: &[BuiltinReducer]) -> std::sync::Arc<ReducerDef> {
+    use std::sync::{Arc, Mutex, OnceLock};
+    type Made = HashMap<Vec<BuiltinReducer>, Arc<ReducerDef>>;
+    static MADE: OnceLock<Mutex<Made>> = OnceLock::new();
     let made = MADE.get_or_init(Default::default);
     let cached = made.lock().ok().and_then(|m| m.get(parts).cloned());
     if let Some(def) = cached {
         return def;
     }
-    let def = build_product_reducer(parts);
+    let def = Arc::new(build_product_reducer(parts));
     if let Ok(mut m) = made.lock() {
         m.insert(parts.to_vec(), def.clone());
     }
@@ -152,7 +153,7 @@ fn product_fusion(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
     }
     candidates.sort_by_key(|c| c.0);
     // Independent: neither input uses the other's result. One partner node per class.
-    let reach = &eg.analysis.reduction_reach;
+    let reach = crate::egraph::graph::reduction_reach(eg);
     let mut partners: Vec<(Id, Id, BuiltinReducer)> = Vec::new();
     for (c, y, rb) in candidates {
         let independent = !reach.reaches(eg, y, class) && !reach.reaches(eg, x, c);
@@ -162,15 +163,16 @@ fn product_fusion(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
     }
     let (below, above): (Vec<_>, Vec<_>) = partners.into_iter().partition(|p| p.0 < class);
     for (other, y, rb) in above {
-        fuse_pair(axis, (class, x, ra), (other, y, rb), out);
+        fuse_pair(eg, axis, (class, x, ra), (other, y, rb), out);
     }
     for (other, y, rb) in below {
-        fuse_pair(axis, (other, y, rb), (class, x, ra), out);
+        fuse_pair(eg, axis, (other, y, rb), (class, x, ra), out);
     }
 }
 
 /// `⟨reduce_ρa x, reduce_ρb y⟩ = reduce_{ρa×ρb} ⟨x, y⟩`, for reductions in classes `a` < `b`.
 fn fuse_pair(
+    eg: &EGraph,
     axis: &str,
     (a, x, ra): (Id, Id, BuiltinReducer),
     (b, y, rb): (Id, Id, BuiltinReducer),
@@ -186,7 +188,10 @@ fn fuse_pair(
     );
     out.equal(a, node(Op::Get(0), vec![fused.clone()]));
     out.equal(b, node(Op::Get(1), vec![fused]));
-    out.reducers.push(def);
+    // The definition is copied out only until the e-graph's environment has it.
+    if eg.analysis.env.reducer(&def.name).is_none() {
+        out.reducers.push(ReducerDef::clone(&def));
+    }
 }
 
 // ---- repair fusion ----

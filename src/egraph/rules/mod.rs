@@ -126,6 +126,24 @@ impl Root {
         Root::Combination,
     ];
 
+    /// The roots `op` matches, as a bit set indexed by discriminant.
+    pub fn set_of(op: &Op) -> u16 {
+        let one = |r: Root| 1u16 << r as usize;
+        let specific = match op {
+            Op::Binary(_) => one(Root::Binary) | one(Root::Pointwise),
+            Op::Unary(_) | Op::Select | Op::Cast(_) => one(Root::Pointwise),
+            Op::MatMul(_) => one(Root::MatMul),
+            Op::Transpose(_) => one(Root::Transpose),
+            Op::ReduceAxis { .. } => one(Root::ReduceAxis),
+            Op::ReduceParallel { .. } => one(Root::ReduceParallel),
+            Op::Partition(..) => one(Root::Partition),
+            Op::Replicate(_) => one(Root::Replicate),
+            Op::Combination(..) => one(Root::Combination),
+            _ => 0,
+        };
+        one(Root::Any) | specific
+    }
+
     pub fn matches(self, op: &Op) -> bool {
         match self {
             Root::Any => true,
@@ -201,4 +219,45 @@ pub fn fresh(axis: &str, states: &[&ParState]) -> bool {
 /// The e-nodes of a class (canonical children).
 pub fn nodes(eg: &EGraph, id: Id) -> &[ENode] {
     &eg[id].nodes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{BinaryOp, BuiltinReducer, DType, ReducerRef, UnaryOp};
+
+    /// The runner indexes e-nodes by `Root::set_of`; rules are written against `matches`.
+    #[test]
+    fn root_sets_agree_with_matches() {
+        let ops = [
+            Op::Tuple,
+            Op::Get(0),
+            Op::Partition(0, "m".into()),
+            Op::Replicate("n".into()),
+            Op::Combination(1, "m".into()),
+            Op::Collection("k".into()),
+            Op::Unary(UnaryOp::Exp),
+            Op::Binary(BinaryOp::Add),
+            Op::Select,
+            Op::Cast(DType::F32),
+            Op::MatMul(None),
+            Op::TileMatMul(None),
+            Op::ReduceAxis {
+                dim: 0,
+                reducer: ReducerRef::Builtin(BuiltinReducer::Add),
+                keep_dims: false,
+            },
+            Op::ReduceParallel {
+                axis: "k".into(),
+                reducer: ReducerRef::Builtin(BuiltinReducer::Max),
+            },
+            Op::Transpose(vec![1, 0]),
+        ];
+        for op in &ops {
+            for root in Root::ALL {
+                let in_set = Root::set_of(op) & (1 << root as usize) != 0;
+                assert_eq!(in_set, root.matches(op), "{op:?} and {root:?}");
+            }
+        }
+    }
 }
