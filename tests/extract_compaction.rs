@@ -111,7 +111,10 @@ fn early_compaction_keeps_one_representative_of_every_class() {
 /// missed, an each-value-once verdict on the intermediate of an associative chain (which ≈
 /// does not see), and a complete program refused for its launch order that took its ≈ class
 /// with it — 2,055 (fewest), 2,024 (last hole in walk order) and 2,023 (most) classes before the
-/// last two fixes, 2,056 in each order now.
+/// last two fixes. layernorm_gemm broke them next: ≈ depended on which equal program was seen
+/// first (a replica written on top of a fold's others did not sink with them), and pruning by
+/// ≈ lost classes whose ≈ twins had no launch order (6,563 classes in walk order against 6,627
+/// fewest-first, before pruning used the finer relation).
 #[test]
 fn hole_order_changes_the_work_not_the_classes() {
     for (name, iterations, other) in [
@@ -120,7 +123,7 @@ fn hole_order_changes_the_work_not_the_classes() {
         ("ngpt", 4, HoleOrder::Walk),
         ("ngpt", 30, HoleOrder::Walk),
         ("gated_mlp", 30, HoleOrder::MostNodes),
-        ("rmsnorm_gemm", 30, HoleOrder::MostNodes),
+        ("layernorm_gemm", 30, HoleOrder::Walk),
     ] {
         let g = saturated_example(name, iterations);
         let x = ExtractGraph::new(&g).expect("extractable");
