@@ -547,8 +547,8 @@ fn view_rank(op: &Op) -> (u8, usize, String) {
     }
 }
 
-/// What normalisation needs to know of a canonical term: facts of its type, which equal
-/// terms share (a canonical form determines its type).
+/// What normalisation needs to know of a canonical term: facts of its type. They are part of
+/// a form's identity (`Interner::map`), so equal forms share them by construction.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct KeyInfo {
     /// Has a parallel state: computed inside a kernel (or a view of a load).
@@ -675,19 +675,23 @@ impl Interner {
             })
             .collect();
         if replicas.len() == chain.len() {
-            // A fold over `a` lets every replica but one along `a` through: sink those alone,
-            // or the form would depend on how the replicas were grouped when written.
-            if let Some(Key::Node(Op::ReduceParallel { axis, .. }, _)) = self.key(base) {
-                let (stay, pass): (Vec<Op>, Vec<Op>) = chain
-                    .iter()
-                    .cloned()
-                    .partition(|r| matches!(r, Op::Replicate(a) if a == axis));
-                if !stay.is_empty() && !pass.is_empty() && self.info(base).tiled {
-                    let inner = self.views(base, pass);
-                    return self.views(inner, stay);
-                }
-            }
-            if let Some((op, ks)) = self.replica_transparent(base, &replicas) {
+            // The replicas the base lets through sink to its operands and the others stay
+            // around it, each judged alone: a fold over `a` lets all but those along `a`
+            // through, and the form must not depend on how the replicas were grouped.
+            let (pass, stay): (Vec<Op>, Vec<Op>) = chain.iter().cloned().partition(
+                |r| matches!(r, Op::Replicate(a) if self.replica_transparent(base, &[a]).is_some()),
+            );
+            let axes: Vec<&String> = pass
+                .iter()
+                .filter_map(|r| match r {
+                    Op::Replicate(a) => Some(a),
+                    _ => None,
+                })
+                .collect();
+            if let Some((op, ks)) = self
+                .replica_transparent(base, &axes)
+                .filter(|_| !axes.is_empty())
+            {
                 let (op, ks) = (op.clone(), ks.to_vec());
                 let kids = ks
                     .iter()
@@ -695,11 +699,12 @@ impl Interner {
                         if self.info(*k).literal {
                             *k
                         } else {
-                            self.views(*k, chain.clone())
+                            self.views(*k, pass.clone())
                         }
                     })
                     .collect();
-                return self.node(op, kids, info);
+                let sunk = self.node(op, kids, info);
+                return self.views(sunk, stay);
             }
         }
         let chain = normal_views(chain);
