@@ -667,27 +667,14 @@ impl Interner {
             base = *b;
         }
         let info = self.info(base);
-        let replicas: Vec<&String> = chain
-            .iter()
-            .filter_map(|op| match op {
-                Op::Replicate(a) => Some(a),
-                _ => None,
-            })
-            .collect();
-        if replicas.len() == chain.len() {
+        if replica_axes(&chain).len() == chain.len() {
             // The replicas the base lets through sink to its operands and the others stay
             // around it, each judged alone: a fold over `a` lets all but those along `a`
             // through, and the form must not depend on how the replicas were grouped.
             let (pass, stay): (Vec<Op>, Vec<Op>) = chain.iter().cloned().partition(
                 |r| matches!(r, Op::Replicate(a) if self.replica_transparent(base, &[a]).is_some()),
             );
-            let axes: Vec<&String> = pass
-                .iter()
-                .filter_map(|r| match r {
-                    Op::Replicate(a) => Some(a),
-                    _ => None,
-                })
-                .collect();
+            let axes = replica_axes(&pass);
             if let Some((op, ks)) = self
                 .replica_transparent(base, &axes)
                 .filter(|_| !axes.is_empty())
@@ -830,6 +817,17 @@ fn normal_views(chain: Vec<Op>) -> Vec<Op> {
         Some(p) => std::iter::once(Op::Transpose(p)).chain(rest).collect(),
         None => rest,
     }
+}
+
+/// The axes of the `replicate` views of `chain`.
+fn replica_axes(chain: &[Op]) -> Vec<&String> {
+    chain
+        .iter()
+        .filter_map(|op| match op {
+            Op::Replicate(a) => Some(a),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Whether a `child_op` child flattens into its `op` parent's chain in the canonical form:
