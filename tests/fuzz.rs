@@ -918,18 +918,20 @@ impl<'a> Generator<'a> {
                     return;
                 };
                 let ti = tensor_of(&self.vals[i].ty).cloned().unwrap();
-                let axes: Vec<&String> = ti.par.axes().collect();
+                let axes: Vec<String> = ti.par.axes().map(|a| a.to_string()).collect();
                 // A partner with the same axes, preferably the same shape.
                 let j = self
                     .pick_val(|v| {
                         tensor_of(&v.ty).is_some_and(|t| {
-                            t.shape == ti.shape && t.par.axes().collect::<Vec<_>>() == axes
+                            t.shape == ti.shape
+                                && t.par.axes().map(|a| a.to_string()).collect::<Vec<_>>() == axes
                         })
                     })
                     .or_else(|| {
                         self.pick_val(|v| {
-                            tensor_of(&v.ty)
-                                .is_some_and(|t| t.par.axes().collect::<Vec<_>>() == axes)
+                            tensor_of(&v.ty).is_some_and(|t| {
+                                t.par.axes().map(|a| a.to_string()).collect::<Vec<_>>() == axes
+                            })
                         })
                     });
                 let x = self.operand(i, 0);
@@ -1011,12 +1013,12 @@ impl<'a> Generator<'a> {
                     return;
                 };
                 let t = tensor_of(&self.vals[i].ty).cloned().unwrap();
-                let partial: Vec<&String> = t
+                let partial: Vec<String> = t
                     .par
                     .0
                     .iter()
                     .filter(|(_, k)| **k == ParKind::Partial)
-                    .map(|(a, _)| a)
+                    .map(|(a, _)| a.to_string())
                     .collect();
                 let x = self.vals[i].name.clone();
                 let user: Vec<(&str, usize)> =
@@ -1028,7 +1030,7 @@ impl<'a> Generator<'a> {
                         self.rng.pick(&["@add", "@max", "@min"])
                     )
                 } else if !user.is_empty() {
-                    let axes: Vec<String> = t.par.axes().cloned().collect();
+                    let axes: Vec<String> = t.par.axes().map(|a| a.to_string()).collect();
                     let a = self.rng.pick(&axes).clone();
                     let (r, _) = self.rng.pick(&user);
                     format!("reduce {x} parallel={a} reducer=@{r}")
@@ -1083,7 +1085,7 @@ impl<'a> Generator<'a> {
                     .0
                     .iter()
                     .filter_map(|(a, k)| match k {
-                        ParKind::Partition(d) => Some((a.clone(), *d)),
+                        ParKind::Partition(d) => Some((a.to_string(), *d)),
                         _ => None,
                     })
                     .collect();
@@ -1097,11 +1099,11 @@ impl<'a> Generator<'a> {
                     return;
                 };
                 let axes: Vec<String> = match &self.vals[i].ty {
-                    Type::Tensor(t) => t.par.axes().cloned().collect(),
+                    Type::Tensor(t) => t.par.axes().map(|a| a.to_string()).collect(),
                     Type::Tuple(fs) => fs
                         .iter()
                         .filter_map(tensor_of)
-                        .flat_map(|t| t.par.axes().cloned())
+                        .flat_map(|t| t.par.axes().map(|a| a.to_string()))
                         .collect(),
                 };
                 if axes.is_empty() {
@@ -1211,7 +1213,7 @@ impl<'a> Generator<'a> {
                     return;
                 };
                 let t = tensor_of(&self.vals[i].ty).cloned().unwrap();
-                let axes: Vec<String> = t.par.axes().cloned().collect();
+                let axes: Vec<String> = t.par.axes().map(|a| a.to_string()).collect();
                 let a = self.rng.pick(&axes).clone();
                 let x = self.vals[i].name.clone();
                 let r = self.fresh("r");
@@ -1351,7 +1353,7 @@ impl<'a> Generator<'a> {
             let t = tensor_of(&self.vals[i].ty).cloned().unwrap();
             let x = self.vals[i].name.clone();
             self.closed.push(x.clone());
-            let (a, k) = t.par.0.iter().next().map(|(a, k)| (a.clone(), *k)).unwrap();
+            let (a, k) = t.par.0.iter().next().map(|(a, k)| (*a, *k)).unwrap();
             let name = self.fresh("c");
             let expr = match k {
                 ParKind::Partition(d) => format!("combination[{},{a}]({x})", dim_ref(&t, d)),

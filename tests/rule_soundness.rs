@@ -190,14 +190,14 @@ fn egraph_sizes(g: &TypedEGraph, f: &Function) -> Sizes {
                         Some(Type::Tensor(t)) => t.shape[*d].eval(&|s| bound.get(s)).ok(),
                         _ => None,
                     };
-                    views.push((a.clone(), size));
+                    views.push((a.to_string(), size));
                     continue;
                 }
                 Op::Replicate(a) | Op::Combination(_, a) | Op::Collection(a) => a,
                 Op::ReduceParallel { axis, .. } => axis,
                 _ => continue,
             };
-            views.push((axis.clone(), None));
+            views.push((axis.to_string(), None));
         }
     }
     bound.with_default_extents(&views, 4)

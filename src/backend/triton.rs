@@ -238,10 +238,10 @@ fn all_axes(f: &Function) -> BTreeSet<String> {
         while let Some(t) = stack.pop() {
             match t {
                 Type::Tensor(t) => {
-                    out.extend(t.par.axes().cloned());
+                    out.extend(t.par.axes().map(|a| a.to_string()));
                     for d in &t.shape {
                         if let DimBase::Extent(a) = &d.base {
-                            out.insert(a.clone());
+                            out.insert(a.to_string());
                         }
                     }
                 }
@@ -253,7 +253,7 @@ fn all_axes(f: &Function) -> BTreeSet<String> {
             ..
         } = &n.kind
         {
-            out.insert(a.clone());
+            out.insert(a.to_string());
         }
     }
     out
@@ -270,7 +270,7 @@ fn axis_dims(f: &Function) -> BTreeMap<String, DimBase> {
         if let ExprKind::Partition(d, a, x) = &n.kind {
             if let Some(Type::Tensor(t)) = f.body.ty(*x) {
                 if let Ok(i) = crate::passes::typing::resolve_dim(&t.shape, d) {
-                    m.entry(a.clone()).or_insert(t.shape[i].base.clone());
+                    m.entry(a.to_string()).or_insert(t.shape[i].base.clone());
                 }
             }
         }
@@ -280,7 +280,7 @@ fn axis_dims(f: &Function) -> BTreeMap<String, DimBase> {
 
 fn base_text(b: &DimBase) -> String {
     match b {
-        DimBase::Sym(s) => s.clone(),
+        DimBase::Sym(s) => s.to_string(),
         DimBase::Lit(n) => n.to_string(),
         DimBase::Extent(a) => format!("EXT_{a}"),
     }
@@ -415,7 +415,7 @@ pub fn emit_function(
         if let Some(Type::Tensor(t)) = body.ty(*p) {
             for (i, d) in t.shape.iter().enumerate() {
                 if let DimBase::Sym(s) = &d.base {
-                    if bound.insert(s.clone()) {
+                    if bound.insert(s.to_string()) {
                         let _ = writeln!(host, "    {s} = {name}.shape[{i}]");
                     } else {
                         let _ = writeln!(
@@ -541,12 +541,12 @@ fn reduce_tile(
 fn store_axes(body: &Body, mut o: NodeId) -> Vec<String> {
     let mut axes = Vec::new();
     while let ExprKind::Combination(_, a, x) = &body.node(o).kind {
-        axes.push(a.clone());
+        axes.push(a.to_string());
         o = *x;
     }
     // A collection writes one slice of its stack per tile of its axis.
     if let ExprKind::Collection(a, _) = &body.node(o).kind {
-        axes.push(a.clone());
+        axes.push(a.to_string());
     }
     axes
 }
@@ -775,10 +775,10 @@ impl KernelEmitter<'_, '_> {
                     .0
                     .iter()
                     .find(|(_, k)| **k == ParKind::Partition(i))
-                    .map(|(a, _)| a.clone())
-                    .or_else(|| d.splits.last().cloned());
+                    .map(|(a, _)| a.to_string())
+                    .or_else(|| d.splits.last().map(|a| a.to_string()));
                 let name = match &d.base {
-                    DimBase::Sym(s) => Some(s.clone()),
+                    DimBase::Sym(s) => Some(s.to_string()),
                     _ => None,
                 };
                 let split = split.filter(|a| !self.whole.contains(a));
@@ -925,7 +925,7 @@ impl KernelEmitter<'_, '_> {
         let ops: Vec<NodeId> = node.kind.operands();
         // Over a whole axis, a view or a combination of a block computed here is the block.
         if let ExprKind::Partition(_, a, x) | ExprKind::Combination(_, a, x) = &node.kind {
-            if self.whole.contains(a) {
+            if self.whole.contains(a.as_str()) {
                 let Some(Type::Tensor(t)) = node.ty.as_ref() else {
                     return Err(err("a view of a tuple"));
                 };
@@ -950,13 +950,13 @@ impl KernelEmitter<'_, '_> {
             if self.inner.iter().any(|l| &l.axis == a) {
                 return Err(err("a fold over an axis whose loop is open"));
             }
-            if !self.kernel.loop_axes.contains(a) {
+            if !self.kernel.loop_axes.contains(&a.to_string()) {
                 return Err(err("a fold over an axis that is not a loop axis"));
             }
-            return self.fold_group(id, a.clone());
+            return self.fold_group(id, a.to_string());
         }
         if let Some(a) = crate::lower::collection_fold_axis(body, id) {
-            return self.collection_fold(id, a.clone());
+            return self.collection_fold(id, a.to_string());
         }
         let mut vals = Vec::new();
         for o in &ops {
@@ -1763,7 +1763,7 @@ impl KernelEmitter<'_, '_> {
             match &body.nodes[cur.index()].kind {
                 ExprKind::Combination(_, _, x) => cur = *x,
                 ExprKind::Collection(a, x) if leading.is_none() && cur == o => {
-                    leading = Some(a.clone());
+                    leading = Some(*a);
                     cur = *x;
                 }
                 _ => break,
@@ -1838,7 +1838,7 @@ fn whole_axes(f: &Function, k: &Kernel) -> Result<BTreeSet<String>, (NodeId, Str
     for id in &k.nodes {
         if let ExprKind::Combination(_, a, _) = &body.node(*id).kind {
             if tiled(body.ty(*id)) {
-                whole.insert(a.clone());
+                whole.insert(a.to_string());
             }
         }
     }
@@ -1858,7 +1858,7 @@ fn whole_axes(f: &Function, k: &Kernel) -> Result<BTreeSet<String>, (NodeId, Str
                 Some(Type::Tensor(t)) => t
                     .shape
                     .iter()
-                    .any(|d| d.splits.len() > 1 && d.splits.contains(a)),
+                    .any(|d| d.splits.len() > 1 && d.splits.iter().any(|s| s == a)),
                 _ => false,
             };
             if over_axis || split_twice {

@@ -36,7 +36,7 @@
 
 use super::graph::TypedEGraph;
 use super::lang::{ENode, Op};
-use crate::ir::{BinaryOp, Body, ExprKind, Function, Node, NodeId, Type};
+use crate::ir::{BinaryOp, Body, ExprKind, Function, Node, NodeId, Sym, Type};
 use crate::lower::tiled;
 use egg::Id;
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -540,7 +540,7 @@ fn is_view(op: &Op) -> bool {
 /// of one dimension do not commute).
 fn view_rank(op: &Op) -> (u8, usize, String) {
     match op {
-        Op::Replicate(a) => (0, 0, a.clone()),
+        Op::Replicate(a) => (0, 0, a.to_string()),
         Op::Partition(d, _) => (1, *d, String::new()),
         Op::Combination(d, _) => (2, *d, String::new()),
         _ => (3, 0, String::new()),
@@ -596,7 +596,7 @@ impl Interner {
 
     /// An operator computed inside a kernel that replicas pass through (`replicate[n](f(x))`
     /// is `f(replicate[n](x))` for the replicated `axes`): `(op, operands)`.
-    fn replica_transparent(&self, id: u32, axes: &[&String]) -> Option<(&Op, &[u32])> {
+    fn replica_transparent(&self, id: u32, axes: &[&Sym]) -> Option<(&Op, &[u32])> {
         match self.key(id) {
             Some(Key::Node(op, ks)) if self.info(id).tiled => {
                 let transparent = match op {
@@ -756,7 +756,7 @@ impl Interner {
             return None;
         }
         let fold = Op::ReduceParallel {
-            axis: a.clone(),
+            axis: *a,
             reducer: reducer.clone(),
         };
         let x = *xs.first()?;
@@ -799,7 +799,7 @@ fn normal_views(chain: Vec<Op>) -> Vec<Op> {
                 for v in &mut rest {
                     if let Op::Partition(d, a) = v {
                         if let Some(i) = p.iter().position(|x| x == d) {
-                            *v = Op::Partition(i, a.clone());
+                            *v = Op::Partition(i, *a);
                         }
                     }
                 }
@@ -820,7 +820,7 @@ fn normal_views(chain: Vec<Op>) -> Vec<Op> {
 }
 
 /// The axes of the `replicate` views of `chain`.
-fn replica_axes(chain: &[Op]) -> Vec<&String> {
+fn replica_axes(chain: &[Op]) -> Vec<&Sym> {
     chain
         .iter()
         .filter_map(|op| match op {
@@ -1732,7 +1732,7 @@ pub fn summarize(f: &mut Function) -> Summary {
             _ => None,
         })
         .collect();
-    let mut axes: Vec<String> = nodes
+    let mut axes: Vec<Sym> = nodes
         .iter()
         .filter_map(|node| match node.ty.as_ref() {
             Some(Type::Tensor(t)) => Some(t.par.axes().cloned().collect::<Vec<_>>()),
@@ -1748,7 +1748,7 @@ pub fn summarize(f: &mut Function) -> Summary {
     Summary {
         kernels: graph.kernels.len(),
         stored,
-        axes,
+        axes: axes.into_iter().map(String::from).collect(),
         launch_order: graph.launch_order,
     }
 }

@@ -17,7 +17,7 @@ pub struct TypeAnalysis {
     pub conflicts: usize,
     /// Search index the runner refreshes before each search: every `reduce … parallel=` e-node
     /// with a built-in reducer, as (class, input class, axis, reducer), in class order.
-    pub parallel_reductions: Vec<(Id, Id, String, crate::ir::BuiltinReducer)>,
+    pub parallel_reductions: Vec<(Id, Id, crate::ir::Sym, crate::ir::BuiltinReducer)>,
     /// Reset with `parallel_reductions`: which of their classes each class reaches, computed
     /// on first use (`reduction_reach`), as most iterations pair no reductions.
     pub reduction_reach: std::sync::OnceLock<ReductionReach>,

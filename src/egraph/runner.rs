@@ -147,6 +147,7 @@ impl Runner {
         // how many of those lists it has already seen (None: it must search everything).
         let mut dirty_log: Vec<Vec<Id>> = Vec::new();
         let mut seen: Vec<Option<usize>> = vec![None; rules.len()];
+        let mut last_search = Duration::ZERO;
         let stop = loop {
             if iterations >= self.iter_limit {
                 break StopReason::IterationLimit(self.iter_limit);
@@ -185,7 +186,8 @@ impl Runner {
                     (ri, since)
                 })
                 .collect();
-            // Rules search in parallel on the frozen e-graph; results keep rule order.
+            // Rules search the frozen e-graph (in parallel once searches are slow); results keep
+            // rule order.
             let egraph = &g.egraph;
             // Each scope's e-nodes by the root kinds they match, in class order: a rule walks
             // only the e-nodes it can match, without looking each class up again.
@@ -212,32 +214,36 @@ impl Runner {
                 .iter()
                 .map(|(k, v)| (*k, index_of(v, wanted.get(&Some(*k)).copied().unwrap_or(0))))
                 .collect();
-            let found: Vec<(usize, Out)> = active
-                .par_iter()
-                .map(|&(ri, since)| {
-                    let rule = rules[ri];
-                    let index = since
-                        .and_then(|k| scope_index.get(&k))
-                        .unwrap_or(&all_index);
-                    let mut out = Out::default();
-                    let mut all = Out::default();
-                    for &(c, n) in &index[rule.root as usize] {
-                        (rule.find)(egraph, c, n, &mut out);
-                        // Most proposals are terms the class already holds (rules re-find
-                        // their matches): drop them here, in parallel, not in the
-                        // sequential apply phase.
-                        all.proposals.extend(out.proposals.drain(..).filter_map(
-                            |(t, mut term)| {
-                                let target = egraph.find(t.unwrap_or(c));
-                                (lookup_term(egraph, &mut term) != Some(target))
-                                    .then_some((Some(target), term))
-                            },
-                        ));
-                        all.reducers.append(&mut out.reducers);
-                    }
-                    (ri, all)
-                })
-                .collect();
+            let search_one = |&(ri, since): &(usize, Option<usize>)| {
+                let rule = rules[ri];
+                let index = since
+                    .and_then(|k| scope_index.get(&k))
+                    .unwrap_or(&all_index);
+                let mut out = Out::default();
+                let mut all = Out::default();
+                for &(c, n) in &index[rule.root as usize] {
+                    (rule.find)(egraph, c, n, &mut out);
+                    // Most proposals are terms the class already holds (rules re-find
+                    // their matches): drop them here, in parallel, not in the
+                    // sequential apply phase.
+                    all.proposals
+                        .extend(out.proposals.drain(..).filter_map(|(t, mut term)| {
+                            let target = egraph.find(t.unwrap_or(c));
+                            (lookup_term(egraph, &mut term) != Some(target))
+                                .then_some((Some(target), term))
+                        }));
+                    all.reducers.append(&mut out.reducers);
+                }
+                (ri, all)
+            };
+            // Waking the thread pool costs about 0.1 ms per iteration here, more than small
+            // searches take: search in parallel only after an iteration whose search was slow.
+            let found: Vec<(usize, Out)> = if last_search < PARALLEL_SEARCH_AFTER {
+                active.iter().map(search_one).collect()
+            } else {
+                active.par_iter().map(search_one).collect()
+            };
+            last_search = t_search.elapsed();
             let mut proposals: Vec<(usize, Id, Term)> = Vec::new();
             let mut new_reducers = Vec::new();
             for (ri, out) in found {
@@ -362,6 +368,10 @@ impl Runner {
     }
 }
 
+/// A search slower than this runs the next iteration's search on the thread pool. (Results
+/// are collected in rule order either way, so the e-graph does not depend on the choice.)
+const PARALLEL_SEARCH_AFTER: Duration = Duration::from_millis(1);
+
 /// How far below its matched e-node a local rule looks (e-node → child class → its e-nodes →
 /// …). A change deeper than this cannot change what the rule proposes.
 const LOCAL_RULE_DEPTH: usize = 2;
@@ -375,7 +385,7 @@ fn index_parallel_reductions(g: &mut TypedEGraph, classes: &[Id]) {
                 reducer: crate::ir::ReducerRef::Builtin(r),
             } = &n.op
             {
-                index.push((c, n.children[0], axis.clone(), *r));
+                index.push((c, n.children[0], *axis, *r));
             }
         }
     }

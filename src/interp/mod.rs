@@ -177,15 +177,15 @@ impl Sizes {
                             .and_then(|i| t.shape[i].eval(&|s| bound.get(s)).ok()),
                         _ => None,
                     };
-                    views.push((a.clone(), size));
+                    views.push((a.to_string(), size));
                 }
                 ExprKind::Replicate(a, _)
                 | ExprKind::Collection(a, _)
-                | ExprKind::Combination(_, a, _) => views.push((a.clone(), None)),
+                | ExprKind::Combination(_, a, _) => views.push((a.to_string(), None)),
                 ExprKind::Reduce {
                     over: ReduceOver::Parallel(a),
                     ..
-                } => views.push((a.clone(), None)),
+                } => views.push((a.to_string(), None)),
                 _ => {}
             }
         }

@@ -21,7 +21,9 @@
 
 mod module;
 pub mod print;
+mod symbol;
 mod types;
 
 pub use module::*;
+pub use symbol::Sym;
 pub use types::*;

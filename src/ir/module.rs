@@ -3,6 +3,7 @@
 //! referred to by a [`NodeId`] handle. Nodes only refer to earlier nodes, so arena order is a
 //! topological order.
 
+use super::symbol::Sym;
 use super::types::{DType, Dim, Type};
 use crate::diag::Span;
 
@@ -215,7 +216,7 @@ impl BuiltinReducer {
 pub enum ReducerRef {
     Builtin(BuiltinReducer),
     /// A reducer defined in the module (`reducer @name(...)`), by name without `@`.
-    User(String),
+    User(Sym),
 }
 
 impl std::fmt::Display for ReducerRef {
@@ -231,7 +232,7 @@ impl std::fmt::Display for ReducerRef {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ReduceOver {
     Axis(DimRef),
-    Parallel(String),
+    Parallel(Sym),
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -248,10 +249,10 @@ pub enum ExprKind {
     Iota(DimRef),
     Tuple(Vec<NodeId>),
     Get(FieldRef, NodeId),
-    Partition(DimRef, String, NodeId),
-    Replicate(String, NodeId),
-    Combination(DimRef, String, NodeId),
-    Collection(String, NodeId),
+    Partition(DimRef, Sym, NodeId),
+    Replicate(Sym, NodeId),
+    Combination(DimRef, Sym, NodeId),
+    Collection(Sym, NodeId),
     Unary(UnaryOp, NodeId),
     Binary(BinaryOp, NodeId, NodeId),
     Select(NodeId, NodeId, NodeId),
@@ -336,10 +337,10 @@ impl ExprKind {
             Input | Param | Constant(_) | Fill(_) | Iota(_) => self.clone(),
             Tuple(_) => Tuple(ops.to_vec()),
             Get(f, _) => Get(f.clone(), o(0)),
-            Partition(d, a, _) => Partition(d.clone(), a.clone(), o(0)),
-            Replicate(a, _) => Replicate(a.clone(), o(0)),
-            Combination(d, a, _) => Combination(d.clone(), a.clone(), o(0)),
-            Collection(a, _) => Collection(a.clone(), o(0)),
+            Partition(d, a, _) => Partition(d.clone(), *a, o(0)),
+            Replicate(a, _) => Replicate(*a, o(0)),
+            Combination(d, a, _) => Combination(d.clone(), *a, o(0)),
+            Collection(a, _) => Collection(*a, o(0)),
             Unary(u, _) => Unary(*u, o(0)),
             Cast(t, _) => Cast(*t, o(0)),
             Transpose(p, _) => Transpose(p.clone(), o(0)),

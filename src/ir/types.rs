@@ -5,6 +5,7 @@
 //! dimension `K`, and the per-coordinate (tile) shape is derived from it. This is what lets a
 //! tensor-level and a tiled expression of the same value have the same type.
 
+use super::symbol::Sym;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -77,9 +78,9 @@ impl fmt::Display for DType {
 /// parallel axis (`|p|`, the leading dimension that `collection[p]` creates).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DimBase {
-    Sym(String),
+    Sym(Sym),
     Lit(u64),
-    Extent(String),
+    Extent(Sym),
 }
 
 /// One dimension of a shape. `splits` lists the axes the dimension was divided by: `(K/p)` is
@@ -87,13 +88,13 @@ pub enum DimBase {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Dim {
     pub base: DimBase,
-    pub splits: Vec<String>,
+    pub splits: Vec<Sym>,
 }
 
 impl Dim {
     pub fn sym(name: &str) -> Dim {
         Dim {
-            base: DimBase::Sym(name.to_string()),
+            base: DimBase::Sym(Sym::new(name)),
             splits: Vec::new(),
         }
     }
@@ -107,7 +108,7 @@ impl Dim {
 
     pub fn extent(axis: &str) -> Dim {
         Dim {
-            base: DimBase::Extent(axis.to_string()),
+            base: DimBase::Extent(Sym::new(axis)),
             splits: Vec::new(),
         }
     }
@@ -119,7 +120,7 @@ impl Dim {
     /// The dimension split once more by `axis`.
     pub fn split_by(&self, axis: &str) -> Dim {
         let mut d = self.clone();
-        d.splits.push(axis.to_string());
+        d.splits.push(Sym::new(axis));
         d
     }
 
@@ -156,7 +157,7 @@ impl Dim {
 impl fmt::Display for Dim {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let base = match &self.base {
-            DimBase::Sym(s) => s.clone(),
+            DimBase::Sym(s) => s.to_string(),
             DimBase::Lit(n) => n.to_string(),
             DimBase::Extent(a) => format!("|{a}|"),
         };
@@ -197,7 +198,7 @@ pub enum ParKind {
 /// expressions built in different orders (`replicate[m](partition[K,p](x))` versus
 /// `partition[K,p](replicate[m](x))`) have equal types.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ParState(pub BTreeMap<String, ParKind>);
+pub struct ParState(pub BTreeMap<Sym, ParKind>);
 
 impl ParState {
     pub fn is_empty(&self) -> bool {
@@ -208,7 +209,7 @@ impl ParState {
         self.0.get(axis).copied()
     }
 
-    pub fn axes(&self) -> impl Iterator<Item = &String> {
+    pub fn axes(&self) -> impl Iterator<Item = &Sym> {
         self.0.keys()
     }
 
@@ -227,11 +228,11 @@ impl ParState {
             match k {
                 ParKind::Partition(d) => {
                     if let Some(nd) = map(*d) {
-                        out.insert(a.clone(), ParKind::Partition(nd));
+                        out.insert(*a, ParKind::Partition(nd));
                     }
                 }
                 other => {
-                    out.insert(a.clone(), *other);
+                    out.insert(*a, *other);
                 }
             }
         }
@@ -260,7 +261,7 @@ pub fn dim_ref_text(shape: &[Dim], index: usize) -> String {
     }) = shape.get(index)
     {
         if shape.iter().filter(|d| d.has_symbol(s)).count() == 1 {
-            return s.clone();
+            return s.to_string();
         }
     }
     index.to_string()

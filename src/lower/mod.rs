@@ -106,7 +106,7 @@ pub fn stack_of(body: &Body, x: NodeId) -> NodeId {
 /// `reduce (replicate[a](collection[a](x))) axis=0`): a fold over `a` written as a collection
 /// of per-tile values reduced along the stack, which a kernel computes as a loop over `a`
 /// instead of storing the stack.
-pub fn collection_fold_axis(body: &Body, id: NodeId) -> Option<&String> {
+pub fn collection_fold_axis(body: &Body, id: NodeId) -> Option<&crate::ir::Sym> {
     let ExprKind::Reduce {
         input,
         over: ReduceOver::Axis(d),
@@ -258,15 +258,15 @@ pub fn kernel_graph(f: &Function) -> KernelGraph {
             }
         }
         // Axes.
-        let mut axes: Vec<String> = Vec::new();
-        let note = |t: &Type, axes: &mut Vec<String>| {
+        let mut axes: Vec<crate::ir::Sym> = Vec::new();
+        let note = |t: &Type, axes: &mut Vec<crate::ir::Sym>| {
             let mut stack = vec![t];
             while let Some(t) = stack.pop() {
                 match t {
                     Type::Tensor(t) => {
                         for a in t.par.axes() {
                             if !axes.contains(a) {
-                                axes.push(a.clone());
+                                axes.push(*a);
                             }
                         }
                     }
@@ -290,13 +290,21 @@ pub fn kernel_graph(f: &Function) -> KernelGraph {
             _ => collection_fold_axis(body, NodeId(i as u32)),
         };
         if let Some(a) = folded {
-            if !kernels[k].loop_axes.contains(a) {
-                kernels[k].loop_axes.push(a.clone());
+            if !kernels[k]
+                .loop_axes
+                .iter()
+                .any(|x| x.as_str() == a.as_str())
+            {
+                kernels[k].loop_axes.push(a.to_string());
             }
         }
         for a in axes {
-            if !kernels[k].grid_axes.contains(&a) {
-                kernels[k].grid_axes.push(a);
+            if !kernels[k]
+                .grid_axes
+                .iter()
+                .any(|x| x.as_str() == a.as_str())
+            {
+                kernels[k].grid_axes.push(a.to_string());
             }
         }
     }

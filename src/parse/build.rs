@@ -427,7 +427,7 @@ impl Builder {
                         self.push(d);
                         return None;
                     }
-                    if par.0.insert(axis.0.clone(), kind).is_some() {
+                    if par.0.insert(axis.0.as_str().into(), kind).is_some() {
                         let d = self.err(
                             axis.1,
                             format!("axis `{}` appears twice in the parallel state", axis.0),
@@ -647,12 +647,14 @@ impl Builder {
             match (a.key.as_str(), &a.value) {
                 ("axis", Some(v)) => over = Some(ReduceOver::Axis(self.dim_ref_attr(v, a.loc)?)),
                 ("parallel", Some(AttrValue::Word(w))) if is_axis_name(w) => {
-                    over = Some(ReduceOver::Parallel(w.clone()))
+                    over = Some(ReduceOver::Parallel(w.as_str().into()))
                 }
                 ("reducer", Some(AttrValue::Reducer(r))) => {
                     reducer = Some(match BuiltinReducer::parse(r) {
                         Some(b) => ReducerRef::Builtin(b),
-                        None if self.reducer_names.contains_key(r) => ReducerRef::User(r.clone()),
+                        None if self.reducer_names.contains_key(r) => {
+                            ReducerRef::User(r.as_str().into())
+                        }
                         None => {
                             let known = self
                                 .reducer_names
@@ -918,13 +920,13 @@ impl Builder {
                 let dim = self.dim_ref_arg(&brackets[0])?;
                 let axis = self.axis_arg(&brackets[1])?;
                 if canonical == "partition" {
-                    ExprKind::Partition(dim, axis, x?)
+                    ExprKind::Partition(dim, axis.into(), x?)
                 } else {
-                    ExprKind::Combination(dim, axis, x?)
+                    ExprKind::Combination(dim, axis.into(), x?)
                 }
             }
-            "replicate" => ExprKind::Replicate(self.axis_arg(&brackets[0])?, x?),
-            "collection" => ExprKind::Collection(self.axis_arg(&brackets[0])?, x?),
+            "replicate" => ExprKind::Replicate(self.axis_arg(&brackets[0])?.into(), x?),
+            "collection" => ExprKind::Collection(self.axis_arg(&brackets[0])?.into(), x?),
             "cast" => {
                 let to = match (cast_to, brackets.first()) {
                     (Some(t), None) => t,

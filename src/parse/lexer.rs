@@ -175,7 +175,7 @@ pub fn parse_shape(seg: &str, offset: usize) -> Result<Vec<Dim>, LexError> {
             {
                 i += 1;
             }
-            DimBase::Sym(seg[start..i].to_string())
+            DimBase::Sym(seg[start..i].into())
         } else if i < bytes.len() && bytes[i].is_ascii_digit() {
             while i < bytes.len() && bytes[i].is_ascii_digit() {
                 i += 1;
@@ -194,7 +194,7 @@ pub fn parse_shape(seg: &str, offset: usize) -> Result<Vec<Dim>, LexError> {
                 return Err(err(i, "expected `|` closing the axis extent"));
             }
             i += 1;
-            DimBase::Extent(a)
+            DimBase::Extent(a.into())
         } else {
             return Err(err(
                 i,
@@ -224,7 +224,10 @@ pub fn parse_shape(seg: &str, offset: usize) -> Result<Vec<Dim>, LexError> {
             }
             i += 1;
         }
-        dims.push(Dim { base, splits });
+        dims.push(Dim {
+            base,
+            splits: splits.into_iter().map(crate::ir::Sym::from).collect(),
+        });
         skip_ws(&mut i);
         if i >= bytes.len() {
             return Ok(dims);

@@ -195,7 +195,7 @@ fn broadcast_shapes(shapes: &[&[Dim]]) -> TResult<Vec<Dim>> {
 /// Operands must index the same parallel axes (tiles pair up at equal coordinates); a rank-0
 /// value without state (a literal) is implicitly replicated.
 fn merge_states(ops: &[&TensorType], out: &[Dim]) -> TResult<ParState> {
-    let mut axes: BTreeSet<&String> = BTreeSet::new();
+    let mut axes: BTreeSet<&Sym> = BTreeSet::new();
     for t in ops {
         axes.extend(t.par.axes());
     }
@@ -267,7 +267,7 @@ fn merge_states(ops: &[&TensorType], out: &[Dim]) -> TResult<ParState> {
             }
         }
         if let Some(k) = merged {
-            result.insert(axis.clone(), k);
+            result.insert(*axis, k);
         }
     }
     Ok(ParState(result))
@@ -346,7 +346,7 @@ pub fn infer(
                 return err("a dimension of size 1 cannot be partitioned");
             }
             let mut out = t.clone();
-            out.par.0.insert(axis.clone(), ParKind::Partition(i));
+            out.par.0.insert(*axis, ParKind::Partition(i));
             Ok(Type::Tensor(out))
         }
         Replicate(axis, _) => match operands[0] {
@@ -569,7 +569,7 @@ fn replicate_tensor(t: &TensorType, axis: &str) -> TResult<TensorType> {
         .help("each parallel axis indexes a value at most once; use a new axis name"));
     }
     let mut out = t.clone();
-    out.par.0.insert(axis.to_string(), ParKind::Replicate);
+    out.par.0.insert(axis.into(), ParKind::Replicate);
     Ok(out)
 }
 
@@ -650,7 +650,7 @@ fn matmul(a: &TensorType, b: &TensorType, acc: Option<DType>, tiled: bool) -> TR
     let mut shape = batch;
     shape.push(a.shape[ra - 2].clone());
     shape.push(b.shape[rb - 1].clone());
-    let axes: BTreeSet<&String> = a.par.axes().chain(b.par.axes()).collect();
+    let axes: BTreeSet<&Sym> = a.par.axes().chain(b.par.axes()).collect();
     let mut par = BTreeMap::new();
     for axis in axes {
         let (Some(ka), Some(kb)) = (a.par.get(axis), b.par.get(axis)) else {
@@ -719,7 +719,7 @@ fn matmul(a: &TensorType, b: &TensorType, acc: Option<DType>, tiled: bool) -> TR
                 )))
             }
         };
-        par.insert(axis.clone(), k);
+        par.insert(*axis, k);
     }
     Ok(Type::Tensor(TensorType {
         dtype,
@@ -746,7 +746,7 @@ fn reduce(
             let mut par = t.par.clone();
             if let Some(axis) = t.par.partitioner_of(i).map(str::to_string) {
                 // Reducing a partitioned dimension leaves one contribution per tile.
-                par.0.insert(axis, ParKind::Partial);
+                par.0.insert(axis.into(), ParKind::Partial);
             }
             if keep_dims {
                 shape[i] = Dim::lit(1);
@@ -826,7 +826,7 @@ pub fn reducer_items(
                 shape.remove(i);
                 let mut par = f.par.clone();
                 if let Some(axis) = f.par.partitioner_of(i).map(str::to_string) {
-                    par.0.insert(axis, ParKind::Partial);
+                    par.0.insert(axis.into(), ParKind::Partial);
                 }
                 let par = par.remap_dims(|d| if d > i { Some(d - 1) } else { Some(d) });
                 TensorType {
@@ -906,7 +906,7 @@ fn instantiate_uncached(
     let mut outer = BTreeMap::new();
     for t in items {
         for a in t.par.axes() {
-            outer.insert(a.clone(), ParKind::Replicate);
+            outer.insert(*a, ParKind::Replicate);
         }
     }
     let mut state: Vec<TensorType> = def

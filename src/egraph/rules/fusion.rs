@@ -112,7 +112,7 @@ fn build_product_reducer(parts: &[BuiltinReducer]) -> ReducerDef {
 
 // ---- product fusion ----
 
-fn builtin_parallel(n: &ENode) -> Option<(&String, BuiltinReducer)> {
+fn builtin_parallel(n: &ENode) -> Option<(&Sym, BuiltinReducer)> {
     match &n.op {
         Op::ReduceParallel {
             axis,
@@ -163,17 +163,17 @@ fn product_fusion(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
     }
     let (below, above): (Vec<_>, Vec<_>) = partners.into_iter().partition(|p| p.0 < class);
     for (other, y, rb) in above {
-        fuse_pair(eg, axis, (class, x, ra), (other, y, rb), out);
+        fuse_pair(eg, *axis, (class, x, ra), (other, y, rb), out);
     }
     for (other, y, rb) in below {
-        fuse_pair(eg, axis, (other, y, rb), (class, x, ra), out);
+        fuse_pair(eg, *axis, (other, y, rb), (class, x, ra), out);
     }
 }
 
 /// `⟨reduce_ρa x, reduce_ρb y⟩ = reduce_{ρa×ρb} ⟨x, y⟩`, for reductions in classes `a` < `b`.
 fn fuse_pair(
     eg: &EGraph,
-    axis: &str,
+    axis: Sym,
     (a, x, ra): (Id, Id, BuiltinReducer),
     (b, y, rb): (Id, Id, BuiltinReducer),
     out: &mut Out,
@@ -181,8 +181,8 @@ fn fuse_pair(
     let def = product_reducer(&[ra, rb]);
     let fused = node(
         Op::ReduceParallel {
-            axis: axis.to_string(),
-            reducer: ReducerRef::User(def.name.clone()),
+            axis,
+            reducer: ReducerRef::User(def.name.as_str().into()),
         },
         vec![node(Op::Tuple, vec![cls(x), cls(y)])],
     );
@@ -430,15 +430,15 @@ fn synthesise_repair(
         for d in &t.shape {
             match &d.base {
                 crate::ir::DimBase::Sym(s) => {
-                    syms.insert(s.clone());
+                    syms.insert(*s);
                 }
                 crate::ir::DimBase::Extent(a) => {
-                    syms.insert(a.clone());
+                    syms.insert(*a);
                 }
                 crate::ir::DimBase::Lit(_) => {}
             }
             for a in &d.splits {
-                syms.insert(a.clone());
+                syms.insert(*a);
             }
         }
     };
@@ -460,7 +460,7 @@ fn synthesise_repair(
         syms.into_iter()
             .map(|s| {
                 let v = if crate::ir::is_axis_name(&s) { 2 } else { 4 };
-                (s, v)
+                (s.to_string(), v)
             })
             .collect(),
     );
@@ -537,7 +537,7 @@ fn repair_fusion(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
     let Some(producer_ty) = tensor_type(eg, class) else {
         return;
     };
-    let Some(rep) = eg.lookup(ENode::new(Op::Replicate(axis.clone()), vec![class])) else {
+    let Some(rep) = eg.lookup(ENode::new(Op::Replicate(axis.into()), vec![class])) else {
         return;
     };
     let mut consumers: Vec<Consumer> = Vec::new();
@@ -661,8 +661,8 @@ fn repair_fusion(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
         );
         let tuple_ty = Type::Tuple(field_types);
         let op = Op::ReduceParallel {
-            axis: axis.clone(),
-            reducer: ReducerRef::User(def.name.clone()),
+            axis: axis.into(),
+            reducer: ReducerRef::User(def.name.as_str().into()),
         };
         let Ok(Type::Tuple(result)) = infer(
             &ENode::new(op.clone(), vec![]).to_expr_kind(),

@@ -12,7 +12,7 @@ mod structural;
 
 use super::graph::EGraph;
 use super::lang::{ENode, Op};
-use crate::ir::{Dim, DimBase, ParState, TensorType, Type};
+use crate::ir::{Dim, DimBase, ParState, Sym, TensorType, Type};
 use egg::Id;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]

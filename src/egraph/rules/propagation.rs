@@ -35,12 +35,12 @@ fn is_scalar_literal(t: &TensorType) -> bool {
 
 /// The view of pointwise operand `x` for output dimension `d` of rank `out_rank` along `a`:
 /// partitioned if it spans the dimension, replicated if it broadcasts along it.
-fn operand_view(eg: &EGraph, x: Id, d: usize, out_rank: usize, a: &str) -> Option<Term> {
+fn operand_view(eg: &EGraph, x: Id, d: usize, out_rank: usize, a: Sym) -> Option<Term> {
     let t = tensor_type(eg, x)?;
     if is_scalar_literal(t) {
         return Some(cls(x));
     }
-    if t.par.get(a).is_some() {
+    if t.par.get(&a).is_some() {
         return None;
     }
     let off = out_rank as isize - t.rank() as isize;
@@ -50,9 +50,9 @@ fn operand_view(eg: &EGraph, x: Id, d: usize, out_rank: usize, a: &str) -> Optio
         if t.par.partitioner_of(l).is_some() {
             return None;
         }
-        Some(node(Op::Partition(l, a.to_string()), vec![cls(x)]))
+        Some(node(Op::Partition(l, a), vec![cls(x)]))
     } else {
-        Some(node(Op::Replicate(a.to_string()), vec![cls(x)]))
+        Some(node(Op::Replicate(a), vec![cls(x)]))
     }
 }
 
@@ -69,7 +69,7 @@ fn pointwise_partition_in(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
         let views: Option<Vec<Term>> = f
             .children
             .iter()
-            .map(|x| operand_view(eg, *x, *d, ti.rank(), a))
+            .map(|x| operand_view(eg, *x, *d, ti.rank(), *a))
             .collect();
         if let Some(views) = views {
             out.push(node(f.op.clone(), views));
@@ -91,7 +91,7 @@ fn pointwise_replicate_in(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
                 if is_scalar_literal(t) {
                     Some(cls(*x))
                 } else if t.par.get(a).is_none() {
-                    Some(node(Op::Replicate(a.clone()), vec![cls(*x)]))
+                    Some(node(Op::Replicate(*a), vec![cls(*x)]))
                 } else {
                     None
                 }
@@ -104,9 +104,9 @@ fn pointwise_replicate_in(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
 }
 
 /// The class `y` with `replicate[a](y)` in class `x`, if any.
-fn replicated_source(eg: &EGraph, x: Id, a: &str) -> Option<Id> {
+fn replicated_source(eg: &EGraph, x: Id, a: Sym) -> Option<Id> {
     nodes(eg, x).iter().find_map(|m| match &m.op {
-        Op::Replicate(b) if b == a => Some(m.children[0]),
+        Op::Replicate(b) if *b == a => Some(m.children[0]),
         _ => None,
     })
 }
@@ -116,7 +116,7 @@ fn pointwise_replicate_out(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
         return;
     }
     // Candidate axes: those some operand is replicated along.
-    let mut axes: Vec<&String> = Vec::new();
+    let mut axes: Vec<&Sym> = Vec::new();
     for x in &n.children {
         for m in nodes(eg, *x) {
             if let Op::Replicate(a) = &m.op {
@@ -134,15 +134,12 @@ fn pointwise_replicate_out(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
                 if tensor_type(eg, *x).is_some_and(is_scalar_literal) {
                     Some(cls(*x))
                 } else {
-                    replicated_source(eg, *x, a).map(cls)
+                    replicated_source(eg, *x, *a).map(cls)
                 }
             })
             .collect();
         if let Some(srcs) = srcs {
-            out.push(node(
-                Op::Replicate(a.clone()),
-                vec![node(n.op.clone(), srcs)],
-            ));
+            out.push(node(Op::Replicate(*a), vec![node(n.op.clone(), srcs)]));
         }
     }
 }
@@ -184,17 +181,14 @@ fn pointwise_combination_out(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
                 });
                 match same {
                     Some(src) => ops.push(cls(src)),
-                    None => match operand_view(eg, *y, d, rank, a) {
+                    None => match operand_view(eg, *y, d, rank, *a) {
                         Some(v) => ops.push(v),
                         None => ok = false,
                     },
                 }
             }
             if ok {
-                out.push(node(
-                    Op::Combination(d, a.clone()),
-                    vec![node(n.op.clone(), ops)],
-                ));
+                out.push(node(Op::Combination(d, *a), vec![node(n.op.clone(), ops)]));
             }
         }
     }
@@ -213,7 +207,7 @@ fn transpose_partition_in(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
         }
         out.push(node(
             Op::Transpose(perm.clone()),
-            vec![node(Op::Partition(perm[*d], a.clone()), vec![cls(x)])],
+            vec![node(Op::Partition(perm[*d], *a), vec![cls(x)])],
         ));
     }
 }
@@ -224,7 +218,7 @@ fn transpose_replicate_in(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
         let Op::Transpose(perm) = &t.op else { continue };
         out.push(node(
             Op::Transpose(perm.clone()),
-            vec![node(Op::Replicate(a.clone()), vec![cls(t.children[0])])],
+            vec![node(Op::Replicate(*a), vec![cls(t.children[0])])],
         ));
     }
 }
@@ -239,7 +233,7 @@ fn transpose_combination_out(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) 
             continue;
         };
         out.push(node(
-            Op::Combination(nd, a.clone()),
+            Op::Combination(nd, *a),
             vec![node(Op::Transpose(perm.clone()), vec![cls(c.children[0])])],
         ));
     }
@@ -272,10 +266,7 @@ fn reduce_partition_in(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
             reducer: reducer.clone(),
             keep_dims: *keep_dims,
         };
-        out.push(node(
-            op,
-            vec![node(Op::Partition(src, a.clone()), vec![cls(x)])],
-        ));
+        out.push(node(op, vec![node(Op::Partition(src, *a), vec![cls(x)])]));
     }
 }
 
@@ -285,7 +276,7 @@ fn reduce_replicate_in(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
         if let Op::ReduceAxis { .. } = &r.op {
             out.push(node(
                 r.op.clone(),
-                vec![node(Op::Replicate(a.clone()), vec![cls(r.children[0])])],
+                vec![node(Op::Replicate(*a), vec![cls(r.children[0])])],
             ));
         }
     }
@@ -304,7 +295,7 @@ fn reduce_combination_out(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
         }
         let nd = if *keep_dims || d < dim { *d } else { d - 1 };
         out.push(node(
-            Op::Combination(nd, a.clone()),
+            Op::Combination(nd, *a),
             vec![node(n.op.clone(), vec![cls(c.children[0])])],
         ));
     }
@@ -319,7 +310,7 @@ fn replicate_across_reduction(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out)
         if axis != q {
             out.push(node(
                 r.op.clone(),
-                vec![node(Op::Replicate(q.clone()), vec![cls(r.children[0])])],
+                vec![node(Op::Replicate(*q), vec![cls(r.children[0])])],
             ));
         }
     }
@@ -341,7 +332,7 @@ fn partition_across_reduction(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out)
         }
         out.push(node(
             r.op.clone(),
-            vec![node(Op::Partition(*d, q.clone()), vec![cls(x)])],
+            vec![node(Op::Partition(*d, *q), vec![cls(x)])],
         ));
     }
 }
@@ -350,7 +341,7 @@ fn tile_matmul_replicate_in(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
     let Op::Replicate(a) = &n.op else { return };
     for m in nodes(eg, n.children[0]) {
         if let Op::TileMatMul(_) = &m.op {
-            let rep = |x: Id| node(Op::Replicate(a.clone()), vec![cls(x)]);
+            let rep = |x: Id| node(Op::Replicate(*a), vec![cls(x)]);
             out.push(node(
                 m.op.clone(),
                 vec![rep(m.children[0]), rep(m.children[1])],

@@ -44,21 +44,21 @@ fn matmul<'a>(eg: &'a EGraph, class: Id, n: &ENode) -> Option<MatMul<'a>> {
 }
 
 fn part(d: usize, axis: &str, t: Term) -> Term {
-    node(Op::Partition(d, axis.to_string()), vec![t])
+    node(Op::Partition(d, axis.into()), vec![t])
 }
 
 fn rep(axis: &str, t: Term) -> Term {
-    node(Op::Replicate(axis.to_string()), vec![t])
+    node(Op::Replicate(axis.into()), vec![t])
 }
 
 fn comb(d: usize, axis: &str, t: Term) -> Term {
-    node(Op::Combination(d, axis.to_string()), vec![t])
+    node(Op::Combination(d, axis.into()), vec![t])
 }
 
 fn sum_over(axis: &str, t: Term) -> Term {
     node(
         Op::ReduceParallel {
-            axis: axis.to_string(),
+            axis: axis.into(),
             reducer: ReducerRef::Builtin(BuiltinReducer::Add),
         },
         vec![t],
@@ -294,7 +294,7 @@ fn reduce_split_reduced(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
     );
     out.push(node(
         Op::ReduceParallel {
-            axis,
+            axis: axis.into(),
             reducer: r.clone(),
         },
         vec![inner],

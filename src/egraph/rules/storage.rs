@@ -12,7 +12,7 @@ fn store_partials(_eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
     let Op::ReduceParallel { axis, reducer } = &n.op else {
         return;
     };
-    let stored = node(Op::Collection(axis.clone()), vec![cls(n.children[0])]);
+    let stored = node(Op::Collection(*axis), vec![cls(n.children[0])]);
     out.push(node(
         Op::ReduceAxis {
             dim: 0,

@@ -18,7 +18,7 @@ pub static RULES: &[Rule] = &[
 fn partition_of_combination(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
     let Op::Partition(d, a) = &n.op else { return };
     for c in nodes(eg, n.children[0]) {
-        if c.op == Op::Combination(*d, a.clone()) {
+        if c.op == Op::Combination(*d, *a) {
             out.push(cls(c.children[0]));
         }
     }
@@ -27,7 +27,7 @@ fn partition_of_combination(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
 fn combination_of_partition(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
     let Op::Combination(d, a) = &n.op else { return };
     for p in nodes(eg, n.children[0]) {
-        if p.op == Op::Partition(*d, a.clone()) {
+        if p.op == Op::Partition(*d, *a) {
             out.push(cls(p.children[0]));
         }
     }
@@ -39,7 +39,7 @@ fn partition_replicate_swap(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
         if let Op::Replicate(_) = &r.op {
             out.push(node(
                 r.op.clone(),
-                vec![node(Op::Partition(*d, p.clone()), vec![cls(r.children[0])])],
+                vec![node(Op::Partition(*d, *p), vec![cls(r.children[0])])],
             ));
         }
     }
@@ -51,7 +51,7 @@ fn replicate_partition_swap(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
         if let Op::Partition(..) = &p.op {
             out.push(node(
                 p.op.clone(),
-                vec![node(Op::Replicate(q.clone()), vec![cls(p.children[0])])],
+                vec![node(Op::Replicate(*q), vec![cls(p.children[0])])],
             ));
         }
     }
@@ -64,10 +64,7 @@ fn partition_partition_swap(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
             if e != d && p != q {
                 out.push(node(
                     inner.op.clone(),
-                    vec![node(
-                        Op::Partition(*d, p.clone()),
-                        vec![cls(inner.children[0])],
-                    )],
+                    vec![node(Op::Partition(*d, *p), vec![cls(inner.children[0])])],
                 ));
             }
         }
@@ -81,7 +78,7 @@ fn replicate_replicate_swap(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
             if p != q {
                 out.push(node(
                     inner.op.clone(),
-                    vec![node(Op::Replicate(p.clone()), vec![cls(inner.children[0])])],
+                    vec![node(Op::Replicate(*p), vec![cls(inner.children[0])])],
                 ));
             }
         }
