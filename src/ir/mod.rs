@@ -18,6 +18,8 @@
 //! have the same type and can share an e-class.
 //!
 //! Bodies are arenas of [`Node`]s addressed by [`NodeId`]; operands always precede users.
+//! Axis names, dimension symbols and reducer names are interned ([`Sym`]): types and e-nodes
+//! copy and compare them constantly during saturation.
 
 mod module;
 pub mod print;
