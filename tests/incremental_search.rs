@@ -82,3 +82,32 @@ fn no_rule_matches_outside_its_root() {
         }
     }
 }
+
+/// The search runs on the thread pool only once an iteration's search was slow; both ways
+/// collect proposals in rule order, so the e-graph is the same. Forced either way here (the
+/// examples that go parallel by themselves are the slow ones).
+#[test]
+fn parallel_search_gives_the_same_egraph_as_serial_search() {
+    use std::time::Duration;
+    let saturate = |path: &Path, after: Duration| {
+        let text = std::fs::read_to_string(path).expect("readable");
+        let mut m = efopt::parse::parse_module(&text, 0).expect("parses");
+        efopt::passes::verify::verify_module(&mut m).expect("verifies");
+        let mut g = TypedEGraph::from_function(&m.funcs[0], &m.reducers).expect("e-graph");
+        let report = Runner::default()
+            .with_parallel_search_after(after)
+            .run(&mut g, &all_rules());
+        (print_egraph(&g.to_dump()), report.stop)
+    };
+    let pool = rayon::current_num_threads();
+    let files = common::example_and_rule_programs();
+    for f in &files {
+        let serial = saturate(f, Duration::MAX);
+        let parallel = saturate(f, Duration::ZERO);
+        assert!(
+            serial == parallel,
+            "{}: searching on the thread pool ({pool} threads) changes the e-graph",
+            f.display()
+        );
+    }
+}

@@ -81,6 +81,10 @@ pub struct Runner {
     /// Semi-naive search (the default): local rules revisit only changed neighbourhoods.
     /// Off, every rule searches every e-node each iteration; the result is the same.
     pub incremental: bool,
+    /// A search slower than this runs the next iteration's search on the thread pool (waking
+    /// it costs more than a small search takes). Proposals are collected in rule order either
+    /// way, so the e-graph does not depend on it.
+    pub parallel_search_after: Duration,
 }
 
 impl Default for Runner {
@@ -93,6 +97,7 @@ impl Default for Runner {
             scheduler: Scheduler::Simple,
             progress: None,
             incremental: true,
+            parallel_search_after: PARALLEL_SEARCH_AFTER,
         }
     }
 }
@@ -120,6 +125,13 @@ impl Runner {
 
     pub fn with_incremental_search(mut self, on: bool) -> Self {
         self.incremental = on;
+        self
+    }
+
+    /// `Duration::ZERO` searches on the thread pool from the first iteration; `Duration::MAX`
+    /// never does.
+    pub fn with_parallel_search_after(mut self, d: Duration) -> Self {
+        self.parallel_search_after = d;
         self
     }
 
@@ -238,7 +250,7 @@ impl Runner {
             };
             // Waking the thread pool costs about 0.1 ms per iteration here, more than small
             // searches take: search in parallel only after an iteration whose search was slow.
-            let found: Vec<(usize, Out)> = if last_search < PARALLEL_SEARCH_AFTER {
+            let found: Vec<(usize, Out)> = if last_search < self.parallel_search_after {
                 active.iter().map(search_one).collect()
             } else {
                 active.par_iter().map(search_one).collect()
@@ -368,9 +380,8 @@ impl Runner {
     }
 }
 
-/// A search slower than this runs the next iteration's search on the thread pool. (Results
-/// are collected in rule order either way, so the e-graph does not depend on the choice.)
-const PARALLEL_SEARCH_AFTER: Duration = Duration::from_millis(1);
+/// The default `Runner::parallel_search_after`.
+pub const PARALLEL_SEARCH_AFTER: Duration = Duration::from_millis(1);
 
 /// How far below its matched e-node a local rule looks (e-node → child class → its e-nodes →
 /// …). A change deeper than this cannot change what the rule proposes.
