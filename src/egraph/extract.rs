@@ -41,7 +41,7 @@ use crate::lower::tiled;
 use egg::Id;
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::collections::BinaryHeap;
 use std::time::{Duration, Instant};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -143,6 +143,9 @@ pub struct ExtractGraph<'a> {
     pick_cost: Vec<Vec<u64>>,
     /// Facts of each class's type that canonical forms and validity checks consult.
     info: Vec<KeyInfo>,
+    /// Per class, the valid view e-nodes (`partition`, `replicate`) that read it: (class,
+    /// e-node index).
+    view_users: Vec<Vec<(u32, u32)>>,
 }
 
 impl<'a> ExtractGraph<'a> {
@@ -153,7 +156,7 @@ impl<'a> ExtractGraph<'a> {
         let eg = &g.egraph;
         let mut ids: Vec<Id> = eg.classes().map(|c| c.id).collect();
         ids.sort();
-        let index: HashMap<Id, u32> = ids
+        let index: FxHashMap<Id, u32> = ids
             .iter()
             .enumerate()
             .map(|(i, id)| (*id, i as u32))
@@ -324,6 +327,14 @@ impl<'a> ExtractGraph<'a> {
             ));
         }
         let reach = reachability(&nodes);
+        let mut view_users = vec![Vec::new(); ids.len()];
+        for (q, ns) in nodes.iter().enumerate() {
+            for (j, (n, kids)) in ns.iter().enumerate() {
+                if is_view(&n.op) {
+                    view_users[kids[0] as usize].push((q as u32, j as u32));
+                }
+            }
+        }
         let info = ids
             .iter()
             .map(|id| type_info(eg[*id].data.as_ref()))
@@ -342,6 +353,7 @@ impl<'a> ExtractGraph<'a> {
             nodes,
             roots,
             reach,
+            view_users,
         })
     }
 
@@ -538,12 +550,12 @@ fn is_view(op: &Op) -> bool {
 /// Canonical order of a chain of views: replicates (by axis) before partitions; partitions by
 /// dimension, keeping the written order of partitions of the same dimension (nested tilings
 /// of one dimension do not commute).
-fn view_rank(op: &Op) -> (u8, usize, String) {
+fn view_rank(op: &Op) -> (u8, usize, &'static str) {
     match op {
-        Op::Replicate(a) => (0, 0, a.to_string()),
-        Op::Partition(d, _) => (1, *d, String::new()),
-        Op::Combination(d, _) => (2, *d, String::new()),
-        _ => (3, 0, String::new()),
+        Op::Replicate(a) => (0, 0, a.as_str()),
+        Op::Partition(d, _) => (1, *d, ""),
+        Op::Combination(d, _) => (2, *d, ""),
+        _ => (3, 0, ""),
     }
 }
 
@@ -985,11 +997,11 @@ pub fn canonical_text(x: &ExtractGraph, choice: &Choice) -> String {
     let (_, roots) = Walk::roots(x, choice, &mut interner);
     // Commutative operands in text order: interned ids depend on the order of interning,
     // which differs between interners, while the text does not.
-    fn render(i: &Interner, id: u32, memo: &mut HashMap<u32, String>) -> String {
+    fn render(i: &Interner, id: u32, memo: &mut FxHashMap<u32, String>) -> String {
         if let Some(t) = memo.get(&id) {
             return t.clone();
         }
-        let kids = |ks: &[u32], sort: bool, memo: &mut HashMap<u32, String>| {
+        let kids = |ks: &[u32], sort: bool, memo: &mut FxHashMap<u32, String>| {
             let mut texts: Vec<String> = ks.iter().map(|k| render(i, *k, memo)).collect();
             if sort {
                 texts.sort();
@@ -1010,7 +1022,7 @@ pub fn canonical_text(x: &ExtractGraph, choice: &Choice) -> String {
         memo.insert(id, text.clone());
         text
     }
-    let mut memo = HashMap::new();
+    let mut memo = FxHashMap::default();
     let mut out = String::new();
     for r in roots {
         out.push_str(&render(&interner, r, &mut memo));
@@ -1028,16 +1040,16 @@ fn reaches(
     from: &[u32],
     target: u32,
     through_holes: bool,
-    seen: &mut [bool],
+    seen: &mut Marks,
 ) -> bool {
     let mut stack: Vec<u32> = from.to_vec();
-    seen.iter_mut().for_each(|s| *s = false);
+    seen.clear();
     let t = target as usize;
     while let Some(c) = stack.pop() {
         if c == target {
             return true;
         }
-        if std::mem::replace(&mut seen[c as usize], true) {
+        if !seen.mark(c) {
             continue;
         }
         match x.op(c, choice) {
@@ -1049,6 +1061,35 @@ fn reaches(
         }
     }
     false
+}
+
+/// A set of classes that empties in constant time: a class is in it when its mark is the
+/// current generation.
+struct Marks {
+    generation: u32,
+    marks: Vec<u32>,
+}
+
+impl Marks {
+    fn new(classes: usize) -> Marks {
+        Marks {
+            generation: 1,
+            marks: vec![0; classes],
+        }
+    }
+
+    fn clear(&mut self) {
+        self.generation = self.generation.wrapping_add(1);
+        if self.generation == 0 {
+            self.marks.iter_mut().for_each(|m| *m = 0);
+            self.generation = 1;
+        }
+    }
+
+    /// Adds `c`; false when it was in the set already.
+    fn mark(&mut self, c: u32) -> bool {
+        std::mem::replace(&mut self.marks[c as usize], self.generation) != self.generation
+    }
 }
 
 fn class_tiled(x: &ExtractGraph, c: u32) -> bool {
@@ -1077,8 +1118,8 @@ fn loadable(x: &ExtractGraph, choice: &Choice, mut c: u32) -> Option<bool> {
 /// values are one node, so that ≈ candidates agree.
 fn no_dead_components(f: &Function) -> bool {
     let nodes = &f.body.nodes;
-    let mut read: HashSet<(usize, usize)> = HashSet::new();
-    let mut whole: HashSet<usize> = HashSet::new();
+    let mut read: FxHashSet<(usize, usize)> = FxHashSet::default();
+    let mut whole: FxHashSet<usize> = FxHashSet::default();
     for node in nodes {
         match &node.kind {
             ExprKind::Get(crate::ir::FieldRef::Index(i), t) => {
@@ -1105,7 +1146,7 @@ fn no_dead_components(f: &Function) -> bool {
 /// operator was written by one kernel and read by another. Classes with one canonical form
 /// (`memo`) are one node of the program, so they count once.
 fn kernel_lower_bound(x: &ExtractGraph, choice: &Choice, visited: &[bool], memo: &[u32]) -> usize {
-    let (mut default_tiled, mut region, mut stored_read) = (HashSet::new(), false, false);
+    let (mut default_tiled, mut region, mut stored_read) = (FxHashSet::default(), false, false);
     for (c, v) in visited.iter().enumerate() {
         if !*v || choice[c] == NONE {
             continue;
@@ -1147,6 +1188,37 @@ fn loads_only(x: &ExtractGraph, choice: &Choice) -> bool {
     })
 }
 
+/// `loads_only` of `choice` just after hole `h` was picked, for a program that was
+/// `loads_only` before (every program in the worklist is): only partitions whose operand's
+/// view chain ran into the hole `h` can change their verdict.
+fn loads_only_after_pick(x: &ExtractGraph, choice: &Choice, h: u32) -> bool {
+    let Some((node, kids)) = x.op(h, choice) else {
+        return true;
+    };
+    if matches!(node.op, Op::Partition(..)) && loadable(x, choice, kids[0]) == Some(false) {
+        return false;
+    }
+    if loadable(x, choice, h) != Some(false) {
+        return true;
+    }
+    // `h` is now a computed tile, or views of one: so is every tiled view picked above it.
+    let mut stack = vec![h];
+    while let Some(c) = stack.pop() {
+        for &(q, j) in &x.view_users[c as usize] {
+            if choice[q as usize] != j {
+                continue;
+            }
+            if matches!(x.nodes[q as usize][j as usize].0.op, Op::Partition(..)) {
+                return false;
+            }
+            if class_tiled(x, q) {
+                stack.push(q);
+            }
+        }
+    }
+    true
+}
+
 /// Each value is computed once. A class that can be written as views of a value the program
 /// computes anyway — a computed tensor-level value (stored, so loaded), or a tile computed in
 /// a kernel (replicated) — is written so, unless that value is computed from this very class.
@@ -1162,22 +1234,12 @@ fn computed_once(
     choice: &Choice,
     visited: &[bool],
     complete: bool,
-    seen: &mut [bool],
+    scratch: &mut OnceScratch,
 ) -> bool {
     let picked = |k: usize| visited[k] && choice[k] != NONE;
-    /// What a view chain reads.
-    #[derive(Clone, Copy, PartialEq)]
-    enum Source {
-        /// This computed value.
-        Value(u32),
-        /// No computed value (an input, a constant, a tile that is sliced).
-        Nothing,
-        /// Not decided yet: the chain meets a class not resolved yet.
-        Open,
-    }
     // What class `k` can be read from through views (`replicated`: the view above it is a
-    // replicate), memoised per (class, replicated).
-    let mut memo: FxHashMap<(u32, bool), Source> = FxHashMap::default();
+    // replicate), memoised per (class, replicated) in `memo[2k + replicated]`: `UNKNOWN`, or a
+    // `Source` encoded by `Source::code`.
     fn source(
         x: &ExtractGraph,
         choice: &Choice,
@@ -1185,10 +1247,11 @@ fn computed_once(
         complete: bool,
         k: u32,
         replicated: bool,
-        memo: &mut FxHashMap<(u32, bool), Source>,
+        memo: &mut [u32],
     ) -> Source {
-        if let Some(r) = memo.get(&(k, replicated)) {
-            return *r;
+        let slot = 2 * k as usize + usize::from(replicated);
+        if memo[slot] != UNKNOWN {
+            return Source::decode(memo[slot]);
         }
         let ku = k as usize;
         let r = if picked(ku) {
@@ -1225,16 +1288,26 @@ fn computed_once(
                 .find(|s| matches!(s, Source::Value(_)))
                 .unwrap_or(Source::Nothing)
         };
-        memo.insert((k, replicated), r);
+        memo[slot] = r.code();
         r
     }
+    let OnceScratch {
+        memo,
+        chain_use,
+        other_use,
+        seen,
+    } = scratch;
+    memo.clear();
+    memo.resize(2 * x.ids.len(), UNKNOWN);
     // ≈ does not see how a chain of one associative operator is grouped in a kernel, so
     // neither may this check: a class that is only an intermediate of such a chain (never
     // used otherwise, not a result) is no value of its own. (Judging it made validity differ
     // between ≈ programs, and which one early compaction kept decided whether the class
     // survived.)
-    let mut chain_use = vec![false; x.ids.len()];
-    let mut other_use = vec![false; x.ids.len()];
+    chain_use.clear();
+    chain_use.resize(x.ids.len(), false);
+    other_use.clear();
+    other_use.resize(x.ids.len(), false);
     for r in &x.roots {
         other_use[*r as usize] = true;
     }
@@ -1265,18 +1338,18 @@ fn computed_once(
             continue;
         }
         let (node, kids) = &x.nodes[c][n as usize];
-        let views_of = |n: &ENode, kids: &[u32], memo: &mut FxHashMap<(u32, bool), Source>| {
+        let views_of = |n: &ENode, kids: &[u32], memo: &mut [u32]| {
             let rep = matches!(n.op, Op::Replicate(_));
             source(x, choice, &picked, complete, kids[0], rep, memo)
         };
-        if is_view(&node.op) && views_of(node, kids, &mut memo) != Source::Nothing {
+        if is_view(&node.op) && views_of(node, kids, memo) != Source::Nothing {
             continue; // written as views of a computed value, or may still be
         }
         for (alt, kids) in &x.nodes[c] {
             if !is_view(&alt.op) {
                 continue;
             }
-            if let Source::Value(t) = views_of(alt, kids, &mut memo) {
+            if let Source::Value(t) = views_of(alt, kids, memo) {
                 if t as usize != c && !reaches(x, choice, &[t], c as u32, true, seen) {
                     return false;
                 }
@@ -1284,6 +1357,48 @@ fn computed_once(
         }
     }
     true
+}
+
+/// What a view chain reads (`computed_once`).
+#[derive(Clone, Copy, PartialEq)]
+enum Source {
+    /// This computed value.
+    Value(u32),
+    /// No computed value (an input, a constant, a tile that is sliced).
+    Nothing,
+    /// Not decided yet: the chain meets a class not resolved yet.
+    Open,
+}
+
+/// `computed_once`'s memo slot for a source not looked up yet.
+const UNKNOWN: u32 = u32::MAX;
+
+impl Source {
+    /// Dense encoding for the memo: class indices stay below `u32::MAX - 2`.
+    fn code(self) -> u32 {
+        match self {
+            Source::Value(k) => k,
+            Source::Nothing => u32::MAX - 1,
+            Source::Open => u32::MAX - 2,
+        }
+    }
+
+    fn decode(code: u32) -> Source {
+        match code {
+            c if c == u32::MAX - 1 => Source::Nothing,
+            c if c == u32::MAX - 2 => Source::Open,
+            k => Source::Value(k),
+        }
+    }
+}
+
+/// Buffers `computed_once` reuses from one partial program to the next.
+struct OnceScratch {
+    memo: Vec<u32>,
+    chain_use: Vec<bool>,
+    other_use: Vec<bool>,
+    /// For `reaches`.
+    seen: Marks,
 }
 
 /// What a partial program fixes, beyond its canonical form, that can still change how its
@@ -1427,7 +1542,13 @@ impl Extractor {
         worklist.push((Reverse(root_cost), 0, 0));
         let mut pushed = 0u64;
         let mut s: Choice = vec![NONE; classes];
-        let mut scratch = vec![false; classes];
+        let mut scratch = Marks::new(classes);
+        let mut once_scratch = OnceScratch {
+            memo: Vec::new(),
+            chain_use: Vec::new(),
+            other_use: Vec::new(),
+            seen: Marks::new(classes),
+        };
         let (mut expanded, mut complete, mut rejected) = (0usize, 0usize, 0usize);
         let mut candidates = Vec::new();
         let mut stop = ExtractStop::Exhausted;
@@ -1477,7 +1598,7 @@ impl Extractor {
                     continue;
                 }
             }
-            if !computed_once(x, &s, &visited, holes.is_empty(), &mut scratch) {
+            if !computed_once(x, &s, &visited, holes.is_empty(), &mut once_scratch) {
                 recomputed += 1;
                 continue;
             }
@@ -1546,7 +1667,8 @@ impl Extractor {
                     continue; // would close a cycle
                 }
                 s[h as usize] = i as u32;
-                let lowerable = loads_only(x, &s);
+                let lowerable = loads_only_after_pick(x, &s, h);
+                debug_assert_eq!(lowerable, loads_only(x, &s));
                 s[h as usize] = NONE;
                 if !lowerable {
                     continue;
@@ -1703,7 +1825,7 @@ pub fn reconstruct(x: &ExtractGraph, choice: &Choice, name: &str) -> Function {
 /// kernels, stores and validity depend only on the candidate's canonical form.
 fn shared_classes(x: &ExtractGraph, choice: &Choice) -> Vec<u32> {
     let (walk, _) = Walk::roots(x, choice, &mut Interner::default());
-    let mut first: HashMap<u32, u32> = HashMap::new();
+    let mut first: FxHashMap<u32, u32> = FxHashMap::default();
     (0..x.ids.len() as u32)
         .map(|c| match walk.memo[c as usize] {
             NONE => c,
