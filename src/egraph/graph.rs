@@ -278,9 +278,11 @@ impl TypedEGraph {
         })
     }
 
-    /// The e-graph as a dump. Classes are numbered in a canonical order (by first appearance
-    /// in a depth-first walk from the roots over sorted e-nodes), so equal e-graphs print
-    /// equally however they were built.
+    /// The e-graph as a dump. Classes are numbered by first appearance in a depth-first walk
+    /// from the roots over sorted e-nodes, and a class's e-nodes are listed by operator and
+    /// numbered children, so the text does not depend on the e-graph's internal ids as long as
+    /// the walk meets the classes in the same order (the internal ids can still break ties in
+    /// the walk: this is not a graph canonisation).
     pub fn to_dump(&self) -> EGraphDump {
         let eg = &self.egraph;
         let mut order: Vec<Id> = Vec::new();
@@ -325,15 +327,25 @@ impl TypedEGraph {
                 }
             }
         }
+        // A class's e-nodes print in the order of their operators and numbered children, not
+        // of the e-graph's internal ids, which depend on the order the e-nodes were added in.
+        let renumbered = |id: Id| {
+            let mut ns: Vec<(Vec<u32>, ENode)> = sorted_nodes(id)
+                .into_iter()
+                .map(|n| (n.children.iter().map(|c| number[c]).collect(), n))
+                .collect();
+            ns.sort_by(|(ka, a), (kb, b)| a.op.cmp(&b.op).then_with(|| ka.cmp(kb)));
+            ns
+        };
         let classes = order
             .iter()
             .map(|id| DumpClass {
                 id: number[id],
                 ty: eg[*id].data.clone().unwrap_or(Type::Tuple(vec![])),
                 span: self.name_span,
-                nodes: sorted_nodes(*id)
+                nodes: renumbered(*id)
                     .into_iter()
-                    .map(|n| DumpNode {
+                    .map(|(_, n)| DumpNode {
                         kind: named_dims(n.to_expr_kind(), &n, eg),
                         children: n.children.iter().map(|c| number[c]).collect(),
                         input: match n.op {

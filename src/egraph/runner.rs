@@ -176,7 +176,7 @@ impl Runner {
             // Semi-naive search: a local rule only revisits classes whose neighbourhood
             // changed since it last ran; everything else would re-propose known terms. Rules
             // that ran in the same iteration share one scope.
-            let mut scopes: HashMap<usize, Vec<Id>> = HashMap::default();
+            let mut scopes: HashMap<usize, Scope> = HashMap::default();
             let active: Vec<(usize, Option<usize>)> = rules
                 .iter()
                 .enumerate()
@@ -184,16 +184,9 @@ impl Runner {
                 .map(|(ri, rule)| {
                     let since = seen[ri].filter(|_| self.incremental && !rule.searches_globally());
                     if let Some(k) = since {
-                        scopes.entry(k).or_insert_with(|| {
-                            let mut v: Vec<Id> = dirty_log[k..]
-                                .iter()
-                                .flatten()
-                                .map(|c| g.egraph.find(*c))
-                                .collect();
-                            v.sort();
-                            v.dedup();
-                            v
-                        });
+                        scopes
+                            .entry(k)
+                            .or_insert_with(|| Scope::new(g, dirty_log[k..].iter().flatten()));
                     }
                     (ri, since)
                 })
@@ -203,10 +196,13 @@ impl Runner {
             let egraph = &g.egraph;
             // Each scope's e-nodes by the root kinds they match, in class order: a rule walks
             // only the e-nodes it can match, without looking each class up again.
-            let index_of = |scope: &[Id], wanted: u16| -> Vec<Vec<(Id, &ENode)>> {
-                let mut by_root = vec![Vec::new(); Root::ALL.len()];
-                for &c in scope {
+            let index_of = |classes: &[Id], scope: Option<&Scope>, wanted: u16| {
+                let mut by_root: Vec<Vec<(Id, &ENode)>> = vec![Vec::new(); Root::ALL.len()];
+                for &c in classes {
                     for n in egraph[c].nodes.iter() {
+                        if scope.is_some_and(|s| !s.revisits(c, n)) {
+                            continue;
+                        }
                         let mut roots = Root::set_of(&n.op) & wanted;
                         while roots != 0 {
                             by_root[roots.trailing_zeros() as usize].push((c, n));
@@ -221,10 +217,13 @@ impl Runner {
             for &(ri, since) in &active {
                 *wanted.entry(since).or_default() |= 1 << rules[ri].root as usize;
             }
-            let all_index = index_of(&classes, wanted.get(&None).copied().unwrap_or(0));
+            let all_index = index_of(&classes, None, wanted.get(&None).copied().unwrap_or(0));
             let scope_index: HashMap<usize, Vec<Vec<(Id, &ENode)>>> = scopes
                 .iter()
-                .map(|(k, v)| (*k, index_of(v, wanted.get(&Some(*k)).copied().unwrap_or(0))))
+                .map(|(k, s)| {
+                    let wanted = wanted.get(&Some(*k)).copied().unwrap_or(0);
+                    (*k, index_of(&s.classes, Some(s), wanted))
+                })
                 .collect();
             let search_one = |&(ri, since): &(usize, Option<usize>)| {
                 let rule = rules[ri];
@@ -332,16 +331,15 @@ impl Runner {
                 // A class changed if it absorbed another class or a new e-node: exactly the
                 // classes whose e-node set grew. (A class whose children were only renamed
                 // by a merge below it is an ancestor of the merged class, and so in scope.)
-                let changed = classes
+                let mut changed: Vec<Id> = classes
                     .iter()
                     .filter(|c| g.egraph.find(**c) != **c)
                     .chain(added.iter())
-                    .map(|c| g.egraph.find(*c));
-                let mut dirty: Vec<Id> = neighbourhood(g, changed, LOCAL_RULE_DEPTH)
-                    .into_iter()
+                    .map(|c| g.egraph.find(*c))
                     .collect();
-                dirty.sort();
-                dirty_log.push(dirty);
+                changed.sort();
+                changed.dedup();
+                dirty_log.push(changed);
             }
             phase[2] += t_rebuild.elapsed().as_secs_f64();
             if let Some(p) = self.progress.as_mut() {
@@ -383,10 +381,6 @@ impl Runner {
 /// The default `Runner::parallel_search_after`.
 pub const PARALLEL_SEARCH_AFTER: Duration = Duration::from_millis(1);
 
-/// How far below its matched e-node a local rule looks (e-node → child class → its e-nodes →
-/// …). A change deeper than this cannot change what the rule proposes.
-const LOCAL_RULE_DEPTH: usize = 2;
-
 fn index_parallel_reductions(g: &mut TypedEGraph, classes: &[Id]) {
     let mut index = Vec::new();
     for &c in classes {
@@ -404,24 +398,71 @@ fn index_parallel_reductions(g: &mut TypedEGraph, classes: &[Id]) {
     g.egraph.analysis.parallel_reductions = index;
 }
 
-/// The given classes and their ancestors up to `depth` levels: exactly the classes where a
-/// local rule could now match differently.
-fn neighbourhood(g: &TypedEGraph, changed: impl Iterator<Item = Id>, depth: usize) -> HashSet<Id> {
-    let mut dirty: HashSet<Id> = changed.collect();
-    let mut frontier: Vec<Id> = dirty.iter().copied().collect();
-    for _ in 0..depth {
-        let mut next = Vec::new();
-        for c in frontier {
-            for p in g.egraph[c].parents() {
-                let p = g.egraph.find(p);
-                if dirty.insert(p) {
-                    next.push(p);
+/// Where a local rule must search again after some classes changed (absorbed a class or a new
+/// e-node). A local rule matched at an e-node reads at most that e-node, the e-nodes of its
+/// operand classes and the identity of their operands: its proposals can differ only at an
+/// e-node of a changed class, or one with an operand class that changed or has an e-node
+/// reading a changed class. Every other e-node would re-propose known terms.
+struct Scope {
+    /// The classes holding such e-nodes, in order.
+    classes: Vec<Id>,
+    /// Per class slot: `CHANGED`, and `NEAR` for a changed class or a parent of one.
+    marks: Vec<u8>,
+}
+
+const CHANGED: u8 = 1;
+const NEAR: u8 = 2;
+
+impl Scope {
+    fn new<'a>(g: &TypedEGraph, changed: impl Iterator<Item = &'a Id>) -> Scope {
+        let eg = &g.egraph;
+        let mut marks = Vec::new();
+        let mark = |marks: &mut Vec<u8>, c: Id, m: u8| {
+            let i = usize::from(c);
+            if marks.len() <= i {
+                marks.resize(i + 1, 0);
+            }
+            let new = marks[i] & m == 0;
+            marks[i] |= m;
+            new
+        };
+        let mut changed: Vec<Id> = changed.map(|c| eg.find(*c)).collect();
+        changed.sort();
+        changed.dedup();
+        let mut near = changed.clone();
+        for &c in &changed {
+            mark(&mut marks, c, CHANGED | NEAR);
+        }
+        for &c in &changed {
+            for p in eg[c].parents() {
+                let p = eg.find(p);
+                if mark(&mut marks, p, NEAR) {
+                    near.push(p);
                 }
             }
         }
-        frontier = next;
+        let mut classes = near.clone();
+        let mut listed: HashSet<Id> = near.iter().copied().collect();
+        for &c in &near {
+            for p in eg[c].parents() {
+                let p = eg.find(p);
+                if listed.insert(p) {
+                    classes.push(p);
+                }
+            }
+        }
+        classes.sort();
+        Scope { classes, marks }
     }
-    dirty
+
+    fn mark(&self, c: Id) -> u8 {
+        self.marks.get(usize::from(c)).copied().unwrap_or(0)
+    }
+
+    /// Whether e-node `n` of class `c` (canonical, as after a rebuild) must be searched again.
+    fn revisits(&self, c: Id, n: &ENode) -> bool {
+        self.mark(c) & CHANGED != 0 || n.children.iter().any(|k| self.mark(*k) & NEAR != 0)
+    }
 }
 
 /// The class of `term` if every e-node of it is already in the e-graph.
