@@ -173,9 +173,9 @@ impl Runner {
             classes.sort();
             index_parallel_reductions(g, &classes);
             let t_search = Instant::now();
-            // Semi-naive search: a local rule only revisits classes whose neighbourhood
-            // changed since it last ran; everything else would re-propose known terms. Rules
-            // that ran in the same iteration share one scope.
+            // Semi-naive search: a local rule only searches again the e-nodes near a change since
+            // it last ran (`Scope`); everything else would re-propose known terms. Rules that
+            // ran in the same iteration share one scope.
             let mut scopes: HashMap<usize, Scope> = HashMap::default();
             let active: Vec<(usize, Option<usize>)> = rules
                 .iter()

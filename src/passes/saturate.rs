@@ -40,7 +40,7 @@ pub fn saturate_info() -> PassInfo {
             name: "search",
             kind: OptionKind::Choice(&["incremental", "full"]),
             default: "incremental",
-            help: "`incremental` revisits only e-classes whose neighbourhood changed (same result, faster); `full` searches every e-node every iteration",
+            help: "`incremental` searches again only e-nodes near a change (same result, faster); `full` searches every e-node every iteration",
         },
         OptionInfo {
             name: "dot",

@@ -134,7 +134,7 @@ fn product_fusion(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
         return;
     }
     // Partners on either side of `class`, so that a pair is found when either reduction is
-    // new (the runner revisits only changed classes); the pair is always built in class order.
+    // new (the runner revisits only e-nodes near a change); the pair is always built in class order.
     let class = eg.find(class);
     // Same domain: same axis and the same tiling of the other axes.
     let mut candidates: Vec<(Id, Id, BuiltinReducer)> = eg
