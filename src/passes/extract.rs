@@ -6,7 +6,7 @@
 use super::{OptionInfo, OptionKind, Pass, PassContext, PassInfo};
 use crate::diag::{Diagnostic, Severity};
 use crate::egraph::extract::{
-    reconstruct, summarize, Compaction, ExtractGraph, Extractor, HoleOrder, LowerCheck,
+    reconstruct, summarize, Compaction, ExtractGraph, Extractor, HoleContext, HoleOrder, LowerCheck,
 };
 use crate::ir::{Function, Module, ReducerDef};
 use std::time::Duration;
@@ -35,6 +35,12 @@ pub fn extract_info() -> PassInfo {
             kind: OptionKind::Choice(&["fewest", "walk", "most"]),
             default: "fewest",
             help: "which hole of a partial program is resolved next: `fewest` valid e-nodes first (forced picks first), the first in `walk` order from the results, or `most` e-nodes first; the candidates found are the same, the work is not",
+        },
+        OptionInfo {
+            name: "hole-context",
+            kind: OptionKind::Choice(&["forms", "picks"]),
+            default: "forms",
+            help: "what early compaction compares besides canonical forms: the canonical `forms` of the resolved classes a hole can reach, or their `picks` (finer: prunes less); the candidates found are the same, the work is not",
         },
         OptionInfo {
             name: "max-candidates",
@@ -66,6 +72,10 @@ pub fn extract_info() -> PassInfo {
                     .unwrap_or(Compaction::Early),
                 hole_order: HoleOrder::parse(opts.get(info, "hole-order"))
                     .unwrap_or(HoleOrder::FewestNodes),
+                hole_context: match opts.get(info, "hole-context") {
+                    "picks" => HoleContext::Picks,
+                    _ => HoleContext::Forms,
+                },
                 max_candidates: opts.get(info, "max-candidates").parse().unwrap_or(1000),
                 time_limit: opts.get(info, "time-limit").parse().unwrap_or(60.0),
                 max_kernels: opts
@@ -81,6 +91,7 @@ pub fn extract_info() -> PassInfo {
 struct ExtractPass {
     compaction: Compaction,
     hole_order: HoleOrder,
+    hole_context: HoleContext,
     max_candidates: usize,
     time_limit: f64,
     max_kernels: Option<usize>,
@@ -97,6 +108,7 @@ impl Pass for ExtractPass {
         let extractor = Extractor::default()
             .with_compaction(self.compaction)
             .with_hole_order(self.hole_order)
+            .with_hole_context(self.hole_context)
             .with_max_candidates(self.max_candidates.max(1))
             .with_time_limit(Duration::from_secs_f64(self.time_limit.max(0.0)))
             .with_max_kernels(self.max_kernels);
