@@ -106,6 +106,44 @@ fn early_compaction_keeps_one_representative_of_every_class() {
     }
 }
 
+/// Runs two configurations of early compaction on one e-graph, asserts that they find the
+/// same classes (and no ≈ duplicates), and returns the states each expanded.
+fn same_classes(x: &ExtractGraph, what: &str, runs: [(&str, Extractor); 2]) -> (usize, [usize; 2]) {
+    let mut found = Vec::new();
+    for (label, extractor) in runs.iter().cloned() {
+        let (list, expanded) = forms(x, extractor, &format!("{what}: {label}"));
+        let set: BTreeSet<String> = list.iter().cloned().collect();
+        assert_eq!(set.len(), list.len(), "{what}: {label}: ≈ duplicates");
+        found.push((set, expanded));
+    }
+    let (first, second) = (&found[0].0, &found[1].0);
+    assert!(!first.is_empty(), "{what}: no candidates");
+    let only_first: Vec<&String> = first.difference(second).collect();
+    let only_second: Vec<&String> = second.difference(first).collect();
+    assert!(
+        only_first.is_empty() && only_second.is_empty(),
+        "{what}: {} classes only with {}, {} only with {}, e.g.\n{}",
+        only_first.len(),
+        runs[0].0,
+        only_second.len(),
+        runs[1].0,
+        only_first
+            .first()
+            .or(only_second.first())
+            .map(|s| s.as_str())
+            .unwrap_or("")
+    );
+    eprintln!(
+        "{what}: {} classes; expanded {} with {}, {} with {}",
+        first.len(),
+        found[0].1,
+        runs[0].0,
+        found[1].1,
+        runs[1].0
+    );
+    (first.len(), [found[0].1, found[1].1])
+}
+
 /// Which hole Algorithm 1 resolves next changes the work, never the classes: every partial
 /// program check must hold for all completions, validity must be the same for ≈ programs, and
 /// ≈ must be a function of the parts' forms, or pruning depends on the order. Fully saturated
@@ -129,30 +167,18 @@ fn hole_order_changes_the_work_not_the_classes() {
     ] {
         let g = saturated_example(name, iterations);
         let x = ExtractGraph::new(&g).expect("extractable");
-        let mut found = Vec::new();
-        for order in [HoleOrder::FewestNodes, other] {
-            let ordered = extractor(&g, Compaction::Early).with_hole_order(order);
-            let (list, expanded) = forms(&x, ordered, &format!("{name}: {order:?}"));
-            let set: BTreeSet<String> = list.iter().cloned().collect();
-            assert_eq!(set.len(), list.len(), "{name}: ≈ duplicates");
-            found.push((set, expanded));
-        }
-        let (fewest, alternative) = (&found[0].0, &found[1].0);
-        assert!(!fewest.is_empty(), "{name}: no candidates");
-        let only_fewest: Vec<&String> = fewest.difference(alternative).collect();
-        let only_other: Vec<&String> = alternative.difference(fewest).collect();
-        assert!(
-            only_fewest.is_empty() && only_other.is_empty(),
-            "{name}@{iterations}: {} classes only with the fewest-first order, {} only with {other:?}, e.g.\n{}",
-            only_fewest.len(),
-            only_other.len(),
-            only_fewest.first().or(only_other.first()).map(|s| s.as_str()).unwrap_or("")
-        );
-        eprintln!(
-            "{name}@{iterations}: {} classes; expanded {} fewest-first, {} {other:?}",
-            fewest.len(),
-            found[0].1,
-            found[1].1
+        let early = || extractor(&g, Compaction::Early);
+        let other_label = format!("{other:?}");
+        same_classes(
+            &x,
+            &format!("{name}@{iterations}"),
+            [
+                (
+                    "fewest-first",
+                    early().with_hole_order(HoleOrder::FewestNodes),
+                ),
+                (&other_label, early().with_hole_order(other)),
+            ],
         );
     }
 }
@@ -167,39 +193,16 @@ fn comparing_forms_not_picks_of_reachable_classes_changes_the_work_not_the_class
     for (name, iterations) in [("ngpt", 30), ("gated_mlp", 30), ("layernorm_gemm", 30)] {
         let g = saturated_example(name, iterations);
         let x = ExtractGraph::new(&g).expect("extractable");
-        let mut found = Vec::new();
-        for by in [HoleContext::Forms, HoleContext::Picks] {
-            let extractor = extractor(&g, Compaction::Early).with_hole_context(by);
-            let (list, expanded) = forms(&x, extractor, &format!("{name}: {by:?}"));
-            let set: BTreeSet<String> = list.iter().cloned().collect();
-            assert_eq!(set.len(), list.len(), "{name}: ≈ duplicates");
-            found.push((set, expanded));
-        }
-        let (by_forms, by_picks) = (&found[0].0, &found[1].0);
-        assert!(!by_forms.is_empty(), "{name}: no candidates");
-        let only_forms: Vec<&String> = by_forms.difference(by_picks).collect();
-        let only_picks: Vec<&String> = by_picks.difference(by_forms).collect();
-        assert!(
-            only_forms.is_empty() && only_picks.is_empty(),
-            "{name}: {} classes only comparing forms, {} only comparing picks, e.g.\n{}",
-            only_forms.len(),
-            only_picks.len(),
-            only_picks
-                .first()
-                .or(only_forms.first())
-                .map(|s| s.as_str())
-                .unwrap_or("")
+        let early = || extractor(&g, Compaction::Early);
+        let (_, [by_forms, by_picks]) = same_classes(
+            &x,
+            &format!("{name}@{iterations}"),
+            [
+                ("forms", early().with_hole_context(HoleContext::Forms)),
+                ("picks", early().with_hole_context(HoleContext::Picks)),
+            ],
         );
-        assert!(
-            found[0].1 <= found[1].1,
-            "{name}: forms expanded more states"
-        );
-        eprintln!(
-            "{name}: {} classes; expanded {} comparing forms, {} comparing picks",
-            by_forms.len(),
-            found[0].1,
-            found[1].1
-        );
+        assert!(by_forms <= by_picks, "{name}: forms expanded more states");
     }
 }
 
