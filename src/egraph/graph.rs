@@ -345,9 +345,9 @@ impl TypedEGraph {
                 span: self.name_span,
                 nodes: renumbered(*id)
                     .into_iter()
-                    .map(|(_, n)| DumpNode {
+                    .map(|(children, n)| DumpNode {
                         kind: named_dims(n.to_expr_kind(), &n, eg),
-                        children: n.children.iter().map(|c| number[c]).collect(),
+                        children,
                         input: match n.op {
                             Op::Input(pos, _) => Some(pos),
                             _ => None,

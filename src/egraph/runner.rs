@@ -8,7 +8,7 @@ use crate::ir::Type;
 use crate::passes::typing::infer;
 use egg::Id;
 use rayon::prelude::*;
-use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+use rustc_hash::FxHashMap as HashMap;
 use std::time::{Duration, Instant};
 
 /// Why saturation stopped.
@@ -406,12 +406,14 @@ fn index_parallel_reductions(g: &mut TypedEGraph, classes: &[Id]) {
 struct Scope {
     /// The classes holding such e-nodes, in order.
     classes: Vec<Id>,
-    /// Per class slot: `CHANGED`, and `NEAR` for a changed class or a parent of one.
+    /// Per class slot: `CHANGED`, `NEAR` for a changed class or a parent of one, and `LISTED`
+    /// once in `classes`.
     marks: Vec<u8>,
 }
 
 const CHANGED: u8 = 1;
 const NEAR: u8 = 2;
+const LISTED: u8 = 4;
 
 impl Scope {
     fn new<'a>(g: &TypedEGraph, changed: impl Iterator<Item = &'a Id>) -> Scope {
@@ -441,13 +443,13 @@ impl Scope {
                 }
             }
         }
-        let mut classes = near.clone();
-        let mut listed: HashSet<Id> = near.iter().copied().collect();
+        // The classes to search: those near a change and their parents, each listed once.
+        let mut classes = Vec::new();
         for &c in &near {
-            for p in eg[c].parents() {
-                let p = eg.find(p);
-                if listed.insert(p) {
-                    classes.push(p);
+            let parents = eg[c].parents().map(|p| eg.find(p));
+            for k in std::iter::once(c).chain(parents) {
+                if mark(&mut marks, k, LISTED) {
+                    classes.push(k);
                 }
             }
         }
