@@ -5,6 +5,7 @@ use super::{parse_extents, OptionInfo, OptionKind, Pass, PassContext, PassInfo, 
 use crate::diag::{Diagnostic, Severity};
 use crate::interp::{random_inputs, relative_l2, Interpreter, Sizes, Value};
 use crate::ir::{Function, Module, Type};
+use rayon::prelude::*;
 use std::time::Instant;
 
 const SIZE_OPTIONS: [OptionInfo; 3] = [
@@ -80,6 +81,10 @@ pub const SAMPLE_OPTION: OptionInfo = OptionInfo {
     help: "check a fixed-seed sample of this many functions when there are more (0: check all)",
 };
 
+/// How many functions `check` compares by default: a fixed-seed sample when `extract` printed
+/// more candidates than this.
+const CHECK_SAMPLE_DEFAULT: &str = "100";
+
 /// `tol=X`, shared by the passes that compare functions with a reference.
 pub const TOL_OPTION: OptionInfo = OptionInfo {
     name: "tol",
@@ -96,13 +101,23 @@ pub fn check_info() -> PassInfo {
             default: "",
             help: "reference program file (default: the program the pipeline started from)",
         },
-        SAMPLE_OPTION,
+        OptionInfo {
+            default: CHECK_SAMPLE_DEFAULT,
+            help: "check a fixed-seed sample of this many functions when there are more, as after `extract` (0: check all)",
+            ..SAMPLE_OPTION
+        },
         TOL_OPTION,
         OptionInfo {
             name: "scale",
             kind: OptionKind::Float,
             default: "1.0",
             help: "standard deviation of the random float inputs (large values probe numerical robustness)",
+        },
+        OptionInfo {
+            name: "large-scale",
+            kind: OptionKind::Float,
+            default: "30.0",
+            help: "every function is also compared on inputs of this standard deviation, where an overflowing or cancelling form shows (0: off)",
         },
         SIZE_OPTIONS[0],
         SIZE_OPTIONS[1],
@@ -118,7 +133,8 @@ pub fn check_info() -> PassInfo {
                 settings: Settings::from(info, opts),
                 against: Some(opts.get(info, "against").to_string()).filter(|s| !s.is_empty()),
                 tol: opts.get(info, "tol").parse().unwrap_or(0.01),
-                sample: opts.get(info, "sample").parse().unwrap_or(0),
+                sample: opts.get(info, "sample").parse().unwrap_or(100),
+                large_scale: opts.get(info, "large-scale").parse().unwrap_or(30.0),
             })
         },
     }
@@ -237,6 +253,8 @@ impl Pass for InterpretPass {
 struct CheckPass {
     settings: Settings,
     sample: usize,
+    /// A second input scale every function is also compared at (0: off).
+    large_scale: f32,
     against: Option<String>,
     tol: f64,
 }
@@ -292,10 +310,11 @@ impl Pass for CheckPass {
         let loaded = self.load_reference(cx)?;
         let reference: &Module = loaded.as_ref().unwrap_or(cx.original);
         let seed = self.settings.seed.unwrap_or(cx.seed);
-        let mut worst = 0.0f64;
+        let scales = self.scales();
         let mut errors = Vec::new();
-        let mut reports = Vec::new();
         let chosen = sample_indices(module.funcs.len(), self.sample, seed);
+        // Pair every function with its reference and the sizes both run at.
+        let mut jobs = Vec::new();
         for f in chosen.iter().map(|i| &module.funcs[*i]) {
             let Some(r) = find_reference(reference, f) else {
                 errors.push(
@@ -309,45 +328,139 @@ impl Pass for CheckPass {
                 );
                 continue;
             };
-            match self.compare(module, f, reference, r, seed) {
-                Ok(errs) => {
-                    let line: Vec<String> = errs
-                        .iter()
-                        .enumerate()
-                        .map(|(i, e)| format!("result {i}: {e:.3e}"))
-                        .collect();
-                    let max = errs.iter().copied().fold(0.0, f64::max);
-                    worst = worst.max(max);
-                    let verdict = if max <= self.tol { "ok" } else { "FAILED" };
-                    reports.push(format!(
-                        "// check @{} against @{}: relative L2 {} (tol {}) {verdict}",
-                        f.name,
-                        r.name,
-                        line.join(", "),
-                        self.tol
-                    ));
-                    if max > self.tol {
-                        let which = errs.iter().position(|e| *e == max).unwrap_or(0);
-                        errors.push(
-                            Diagnostic::error(
-                                f.name_span,
-                                format!(
-                                    "`{}` differs from reference `{}`: result {which} has relative L2 error {max:.3e} > tol {}",
-                                    f.name, r.name, self.tol
-                                ),
-                            )
-                            .with_note(Some(r.name_span), "reference function")
-                            .with_help("inspect both with --passes=interpret{print=values} at small sizes"),
-                        );
+            if let Err(mut d) = same_interface(f, r) {
+                errors.append(&mut d);
+                continue;
+            }
+            let (fsizes, rsizes) = self.sizes_of(f, r);
+            jobs.push(Job {
+                f,
+                r,
+                fsizes,
+                key: reference_key(r, &rsizes),
+                rsizes,
+            });
+        }
+        // The reference's results, once per (reference, sizes): candidates `f.c0`, `f.c1`, …
+        // share them. Then every function on the thread pool; reports keep function order.
+        let mut keys: Vec<&ReferenceKey> = jobs.iter().map(|j| &j.key).collect();
+        keys.sort();
+        keys.dedup();
+        let runs: Vec<Result<Vec<ReferenceRun>, Vec<Diagnostic>>> = keys
+            .par_iter()
+            .map(|k| {
+                let Some(j) = jobs.iter().find(|j| &j.key == *k) else {
+                    return Ok(Vec::new());
+                };
+                scales
+                    .iter()
+                    .map(|&scale| {
+                        let inputs = random_inputs(j.r, &j.rsizes, seed, scale)
+                            .map_err(|e| vec![e.into_diagnostic()])?;
+                        let want = run_function(reference, j.r, j.rsizes.clone(), &inputs)?;
+                        Ok(ReferenceRun { inputs, want })
+                    })
+                    .collect()
+            })
+            .collect();
+        let run_of = |j: &Job| keys.binary_search(&&j.key).ok().map(|i| (i, &runs[i]));
+        let module: &Module = module;
+        let results: Vec<Option<Checked>> = jobs
+            .par_iter()
+            .map(|j| match run_of(j)? {
+                (_, Ok(refs)) => Some(
+                    refs.iter()
+                        .map(|run| compare_results(module, j, run))
+                        .collect(),
+                ),
+                (_, Err(_)) => None,
+            })
+            .collect();
+        // A reference that does not run is reported once.
+        let mut reported = vec![false; keys.len()];
+        let mut worst = 0.0f64;
+        for (j, result) in jobs.iter().zip(results) {
+            let Some(result) = result else {
+                if let Some((i, Err(d))) = run_of(j) {
+                    if !std::mem::replace(&mut reported[i], true) {
+                        errors.extend(d.iter().cloned());
                     }
                 }
-                Err(mut d) => errors.append(&mut d),
+                continue;
+            };
+            let per_scale = match result {
+                Ok(e) => e,
+                Err(mut d) => {
+                    errors.append(&mut d);
+                    continue;
+                }
+            };
+            for (k, errs) in per_scale.iter().enumerate() {
+                let at = if k == 0 {
+                    String::new()
+                } else {
+                    format!(" at scale {}", scales[k])
+                };
+                let line: Vec<String> = errs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, e)| format!("result {i}: {e:.3e}"))
+                    .collect();
+                let max = errs.iter().copied().fold(0.0, f64::max);
+                worst = worst.max(max);
+                let verdict = if max <= self.tol { "ok" } else { "FAILED" };
+                cx.report.push(format!(
+                    "// check @{} against @{}{at}: relative L2 {} (tol {}) {verdict}",
+                    j.f.name,
+                    j.r.name,
+                    line.join(", "),
+                    self.tol
+                ));
+                if max > self.tol {
+                    let which = errs.iter().position(|e| *e == max).unwrap_or(0);
+                    let mut d = Diagnostic::error(
+                        j.f.name_span,
+                        format!(
+                            "`{}` differs from reference `{}`{at}: result {which} has relative L2 error {max:.3e} > tol {}",
+                            j.f.name, j.r.name, self.tol
+                        ),
+                    )
+                    .with_note(Some(j.r.name_span), "reference function");
+                    d = if k == 0 {
+                        d.with_help(
+                            "inspect both with --passes=interpret{print=values} at small sizes",
+                        )
+                    } else {
+                        d.with_help(format!(
+                            "this comparison uses inputs of standard deviation {} (`large-scale`): look for a form that overflows or cancels on large inputs (e.g. an exp of unbounded scores), or set `large-scale=0` to compare at `scale` only",
+                            scales[k]
+                        ))
+                    };
+                    errors.push(d);
+                }
             }
         }
-        cx.report.extend(reports);
+        if chosen.len() < module.funcs.len() {
+            cx.diagnostics.push(Diagnostic::global(
+                Severity::Remark,
+                format!(
+                    "check: compared a fixed-seed sample of {} of {} functions (`check{{sample=0}}` compares all)",
+                    chosen.len(),
+                    module.funcs.len()
+                ),
+            ));
+        }
         cx.counters
             .insert("functions_checked".into(), chosen.len().into());
         cx.counters.insert("max_relative_l2".into(), worst.into());
+        cx.counters.insert(
+            "input_scales".into(),
+            scales
+                .iter()
+                .map(|s| *s as f64)
+                .collect::<Vec<f64>>()
+                .into(),
+        );
         if errors.is_empty() {
             Ok(())
         } else {
@@ -356,44 +469,118 @@ impl Pass for CheckPass {
     }
 }
 
-impl CheckPass {
-    fn compare(
-        &self,
-        module: &Module,
-        f: &Function,
-        reference: &Module,
-        r: &Function,
-        seed: u64,
-    ) -> Result<Vec<f64>, Vec<Diagnostic>> {
-        if f.body.params.len() != r.body.params.len() {
+/// A function to check, its reference, and the sizes each runs at.
+struct Job<'a> {
+    f: &'a Function,
+    r: &'a Function,
+    fsizes: Sizes,
+    rsizes: Sizes,
+    key: ReferenceKey,
+}
+
+/// Which reference run a function is compared with: the reference's name and its sizes.
+type ReferenceKey = (String, Vec<(String, u64)>);
+
+/// Per input scale, the relative L2 error of each result.
+type Checked = Result<Vec<Vec<f64>>, Vec<Diagnostic>>;
+
+/// The reference's inputs and results at one input scale.
+struct ReferenceRun {
+    inputs: Vec<Value>,
+    want: Vec<Value>,
+}
+
+fn reference_key(r: &Function, sizes: &Sizes) -> ReferenceKey {
+    let mut s: Vec<(String, u64)> = sizes.0.iter().map(|(k, v)| (k.clone(), *v)).collect();
+    s.sort();
+    (r.name.clone(), s)
+}
+
+/// Both functions take the same inputs (count and types).
+fn same_interface(f: &Function, r: &Function) -> Result<(), Vec<Diagnostic>> {
+    if f.body.params.len() != r.body.params.len() {
+        return Err(vec![Diagnostic::error(
+            f.name_span,
+            format!(
+                "`{}` takes {} inputs but reference `{}` takes {}",
+                f.name,
+                f.body.params.len(),
+                r.name,
+                r.body.params.len()
+            ),
+        )
+        .with_note(Some(r.name_span), "reference function")]);
+    }
+    for (i, (a, b)) in f.body.params.iter().zip(&r.body.params).enumerate() {
+        let (ta, tb) = (&f.body.node(*a).annot, &r.body.node(*b).annot);
+        if ta != tb {
+            let show = |t: &Option<Type>| t.as_ref().map(|t| t.to_string()).unwrap_or_default();
             return Err(vec![Diagnostic::error(
-                f.name_span,
+                f.body.node(*a).span,
                 format!(
-                    "`{}` takes {} inputs but reference `{}` takes {}",
-                    f.name,
-                    f.body.params.len(),
-                    r.name,
-                    r.body.params.len()
+                    "input {i} has type {} but the reference's has {}",
+                    show(ta),
+                    show(tb)
                 ),
             )
-            .with_note(Some(r.name_span), "reference function")]);
+            .with_note(Some(r.body.node(*b).span), "reference input")]);
         }
-        for (i, (a, b)) in f.body.params.iter().zip(&r.body.params).enumerate() {
-            let (ta, tb) = (&f.body.node(*a).annot, &r.body.node(*b).annot);
-            if ta != tb {
-                let show = |t: &Option<Type>| t.as_ref().map(|t| t.to_string()).unwrap_or_default();
-                return Err(vec![Diagnostic::error(
-                    f.body.node(*a).span,
-                    format!(
-                        "input {i} has type {} but the reference's has {}",
-                        show(ta),
-                        show(tb)
-                    ),
-                )
-                .with_note(Some(r.body.node(*b).span), "reference input")]);
-            }
+    }
+    Ok(())
+}
+
+/// Runs `j.f` on the reference's inputs and compares: the relative L2 error per result.
+fn compare_results(
+    module: &Module,
+    j: &Job,
+    run: &ReferenceRun,
+) -> Result<Vec<f64>, Vec<Diagnostic>> {
+    let got = run_function(module, j.f, j.fsizes.clone(), &run.inputs)?;
+    let want = &run.want;
+    if want.len() != got.len() {
+        return Err(vec![Diagnostic::error(
+            j.f.name_span,
+            format!(
+                "`{}` returns {} results but the reference returns {}",
+                j.f.name,
+                got.len(),
+                want.len()
+            ),
+        )]);
+    }
+    let mut errs = Vec::new();
+    for (g, w) in got.iter().zip(want) {
+        let (gl, wl) = (g.leaves(), w.leaves());
+        if gl.len() != wl.len() {
+            return Err(vec![Diagnostic::error(
+                j.f.name_span,
+                "result structure differs from the reference",
+            )]);
         }
-        // The checked function's sizes are authoritative (they carry --set overrides).
+        let e = gl
+            .iter()
+            .zip(&wl)
+            .map(|((_, a), (_, b))| relative_l2(a, b))
+            .fold(0.0, f64::max);
+        errs.push(e);
+    }
+    Ok(errs)
+}
+
+impl CheckPass {
+    /// The input scales every function is compared at: `scale`, then `large-scale` unless it
+    /// is off or the same.
+    fn scales(&self) -> Vec<f32> {
+        let mut v = vec![self.settings.scale];
+        if self.large_scale > 0.0 && self.large_scale != self.settings.scale {
+            v.push(self.large_scale);
+        }
+        v
+    }
+
+    /// The checked function's sizes, and the reference's: the checked function's are
+    /// authoritative (they carry --set overrides).
+    fn sizes_of(&self, f: &Function, r: &Function) -> (Sizes, Sizes) {
         let fsizes = self.settings.sizes(f);
         let mut rsizes = self.settings.sizes(r);
         for b in &f.bindings {
@@ -401,37 +588,6 @@ impl CheckPass {
                 rsizes.0.insert(b.name.clone(), b.value);
             }
         }
-        let inputs = random_inputs(r, &rsizes, seed, self.settings.scale)
-            .map_err(|e| vec![e.into_diagnostic()])?;
-        let want = run_function(reference, r, rsizes, &inputs)?;
-        let got = run_function(module, f, fsizes, &inputs)?;
-        if want.len() != got.len() {
-            return Err(vec![Diagnostic::error(
-                f.name_span,
-                format!(
-                    "`{}` returns {} results but the reference returns {}",
-                    f.name,
-                    got.len(),
-                    want.len()
-                ),
-            )]);
-        }
-        let mut errs = Vec::new();
-        for (g, w) in got.iter().zip(&want) {
-            let (gl, wl) = (g.leaves(), w.leaves());
-            if gl.len() != wl.len() {
-                return Err(vec![Diagnostic::error(
-                    f.name_span,
-                    "result structure differs from the reference",
-                )]);
-            }
-            let e = gl
-                .iter()
-                .zip(&wl)
-                .map(|((_, a), (_, b))| relative_l2(a, b))
-                .fold(0.0, f64::max);
-            errs.push(e);
-        }
-        Ok(errs)
+        (fsizes, rsizes)
     }
 }
