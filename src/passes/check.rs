@@ -343,15 +343,13 @@ impl Pass for CheckPass {
         }
         // The reference's results, once per (reference, sizes): candidates `f.c0`, `f.c1`, …
         // share them. Then every function on the thread pool; reports keep function order.
-        let mut keys: Vec<&ReferenceKey> = jobs.iter().map(|j| &j.key).collect();
-        keys.sort();
-        keys.dedup();
-        let runs: Vec<Result<Vec<ReferenceRun>, Vec<Diagnostic>>> = keys
+        let mut firsts: Vec<&Job> = jobs.iter().collect();
+        firsts.sort_by(|a, b| a.key.cmp(&b.key));
+        firsts.dedup_by(|a, b| a.key == b.key);
+        let keys: Vec<&ReferenceKey> = firsts.iter().map(|j| &j.key).collect();
+        let runs: Vec<Result<Vec<ReferenceRun>, Vec<Diagnostic>>> = firsts
             .par_iter()
-            .map(|k| {
-                let Some(j) = jobs.iter().find(|j| &j.key == *k) else {
-                    return Ok(Vec::new());
-                };
+            .map(|j| {
                 scales
                     .iter()
                     .map(|&scale| {
