@@ -29,10 +29,11 @@
 //! validity is the same for ≈ programs, ≈ is a function of the parts' forms, and a complete
 //! program is pruned only against one already output — and it changes the cost a lot:
 //! rmsnorm_gemm takes 0.34 M expansions resolving holes in walk order, 0.10 M this way, for
-//! the same 2,046 classes. Pruning uses a
+//! the same 728 classes. Pruning uses a
 //! finer relation than ≈, in which a fold over a stored collection keeps its own form: it is
 //! ≈ to `reduce … parallel=` but gives another kernel graph, so launch order is not a function
-//! of ≈, and pruning by ≈ lost classes (layernorm_gemm: 6,563 classes in walk order against
+//! of ≈, and pruning by ≈ lost classes (layernorm_gemm, before dead product components were
+//! rejected: 6,563 classes in walk order against
 //! 6,627 fewest-first). Complete programs are grouped by ≈.
 //!
 //! The search runs on one thread. Evaluating the next partial programs in worklist order on
@@ -1118,13 +1119,15 @@ fn loadable(x: &ExtractGraph, choice: &Choice, mut c: u32) -> Option<bool> {
     }
 }
 
-/// No dead fused results: every component after the first of a tuple-valued reduction (the
-/// results a product or repair fusion added; the first may be a repair's running statistic)
-/// is read by some `get`, or the tuple is used whole. A candidate that fuses a value into a
-/// reduction and then computes it again elsewhere does the work twice; the candidate that
-/// does not fuse it is in the e-graph too. Judged on the reconstructed program, where equal
-/// values are one node, so that ≈ candidates agree.
-fn no_dead_components(f: &Function) -> bool {
+/// No dead fused results. A tuple-valued reduction is used whole, or each of its components
+/// is read by some `get` — except the first component of a reduction that is not a product of
+/// independent folds (a repair's running statistic, which the other components' updates read).
+/// The components of a product fusion are independent folds: one nobody reads is work done
+/// for nothing, and the candidate that does not fuse it is in the e-graph too (product fusion
+/// puts each component in the class of its unfused reduction). Likewise a candidate that fuses
+/// a value into a reduction and then computes it again elsewhere does the work twice. Judged
+/// on the reconstructed program, where equal values are one node, so that ≈ candidates agree.
+fn no_dead_components(f: &Function, env: &crate::passes::typing::TypeEnv) -> bool {
     let nodes = &f.body.nodes;
     let mut read: FxHashSet<(usize, usize)> = FxHashSet::default();
     let mut whole: FxHashSet<usize> = FxHashSet::default();
@@ -1141,8 +1144,15 @@ fn no_dead_components(f: &Function) -> bool {
         .iter()
         .enumerate()
         .all(|(c, node)| match (&node.kind, &node.ty) {
-            (ExprKind::Reduce { .. }, Some(Type::Tuple(ts))) => {
-                whole.contains(&c) || (1..ts.len()).all(|i| read.contains(&(c, i)))
+            (ExprKind::Reduce { reducer, .. }, Some(Type::Tuple(ts))) => {
+                let independent = match reducer {
+                    crate::ir::ReducerRef::User(name) => env
+                        .reducer(name.as_str())
+                        .is_some_and(|def| def.as_product().is_some()),
+                    crate::ir::ReducerRef::Builtin(_) => false,
+                };
+                let first = if independent { 0 } else { 1 };
+                whole.contains(&c) || (first..ts.len()).all(|i| read.contains(&(c, i)))
             }
             _ => true,
         })
@@ -1454,7 +1464,7 @@ pub enum HoleContext {
     /// The canonical ids of the resolved classes holes reach: the default.
     Forms,
     /// Their picks: a finer relation that prunes less (rmsnorm_gemm: 284,596 expanded states
-    /// against 104,581 for the same 2,046 classes), kept to check that both find the same
+    /// against 104,581 for the same 728 classes), kept to check that both find the same
     /// classes.
     Picks,
 }
@@ -1565,7 +1575,8 @@ impl Extractor {
         // stored collection keeps its own form. It is ≈ to `reduce … parallel=` but gives
         // another kernel graph (the stack is written by one kernel and read by the next), so
         // which of the two has a launch order is not a function of ≈, and pruning by ≈ lost
-        // classes (layernorm_gemm: 6,563 in walk order, 6,627 fewest-first). Folds inside a
+        // classes (layernorm_gemm, counted before dead product components were rejected: 6,563
+        // in walk order, 6,627 fewest-first). Folds inside a
         // kernel need no such care. Complete programs are then grouped by ≈ itself.
         let mut interner = Interner {
             keep_stored_folds: true,
@@ -1671,7 +1682,7 @@ impl Extractor {
             }
             let Some(h) = hole else {
                 let mut program = reconstruct(x, &s, "");
-                if !no_dead_components(&program) {
+                if !no_dead_components(&program, &x.g.egraph.analysis.env) {
                     continue;
                 }
                 let summary = summarize(&mut program);
