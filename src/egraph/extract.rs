@@ -1469,6 +1469,16 @@ pub enum HoleContext {
     Picks,
 }
 
+impl HoleContext {
+    pub fn parse(s: &str) -> Option<HoleContext> {
+        match s {
+            "forms" => Some(HoleContext::Forms),
+            "picks" => Some(HoleContext::Picks),
+            _ => None,
+        }
+    }
+}
+
 /// Which hole of a partial program Algorithm 1 resolves next. The classes found must not
 /// depend on it (every partial-program check holds for all completions); the work does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]

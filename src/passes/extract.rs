@@ -72,10 +72,8 @@ pub fn extract_info() -> PassInfo {
                     .unwrap_or(Compaction::Early),
                 hole_order: HoleOrder::parse(opts.get(info, "hole-order"))
                     .unwrap_or(HoleOrder::FewestNodes),
-                hole_context: match opts.get(info, "hole-context") {
-                    "picks" => HoleContext::Picks,
-                    _ => HoleContext::Forms,
-                },
+                hole_context: HoleContext::parse(opts.get(info, "hole-context"))
+                    .unwrap_or(HoleContext::Forms),
                 max_candidates: opts.get(info, "max-candidates").parse().unwrap_or(1000),
                 time_limit: opts.get(info, "time-limit").parse().unwrap_or(60.0),
                 max_kernels: opts
