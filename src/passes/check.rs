@@ -450,6 +450,14 @@ impl Pass for CheckPass {
         }
         cx.counters
             .insert("functions_checked".into(), chosen.len().into());
+        // Runs of a reference: once per (reference, sizes) and input scale, however many
+        // functions share it.
+        let reference_runs: usize = runs
+            .iter()
+            .map(|r| r.as_ref().map_or(1, |runs| runs.len()))
+            .sum();
+        cx.counters
+            .insert("reference_runs".into(), reference_runs.into());
         cx.counters.insert("max_relative_l2".into(), worst.into());
         cx.counters.insert(
             "input_scales".into(),
