@@ -155,9 +155,9 @@ impl Runner {
         // Backoff state per rule: iteration until which it is banned, and how often it was.
         let mut banned_until = vec![0usize; rules.len()];
         let mut bans = vec![0u32; rules.len()];
-        // Classes whose neighbourhood changed, one list per finished iteration, and per rule
-        // how many of those lists it has already seen (None: it must search everything).
-        let mut dirty_log: Vec<Vec<Id>> = Vec::new();
+        // What changed, one entry per finished iteration, and per rule how many of those
+        // entries it has already seen (None: it must search everything).
+        let mut dirty_log: Vec<Change> = Vec::new();
         let mut seen: Vec<Option<usize>> = vec![None; rules.len()];
         let mut last_search = Duration::ZERO;
         let stop = loop {
@@ -186,7 +186,7 @@ impl Runner {
                     if let Some(k) = since {
                         scopes
                             .entry(k)
-                            .or_insert_with(|| Scope::new(g, dirty_log[k..].iter().flatten()));
+                            .or_insert_with(|| Scope::new(g, &dirty_log[k..]));
                     }
                     (ri, since)
                 })
@@ -197,15 +197,17 @@ impl Runner {
             // Each scope's e-nodes by the root kinds they match, in class order: a rule walks
             // only the e-nodes it can match, without looking each class up again.
             let index_of = |classes: &[Id], scope: Option<&Scope>, wanted: u16| {
-                let mut by_root: Vec<Vec<(Id, &ENode)>> = vec![Vec::new(); Root::ALL.len()];
+                let mut by_root: RootIndex = vec![Vec::new(); Root::ALL.len()];
                 for &c in classes {
                     for n in egraph[c].nodes.iter() {
-                        if scope.is_some_and(|s| !s.revisits(c, n)) {
+                        let revisit = scope.map_or(Revisit::Always, |s| s.revisits(c, n));
+                        if revisit == Revisit::No {
                             continue;
                         }
+                        let sibling_only = revisit == Revisit::ForClassReaders;
                         let mut roots = Root::set_of(&n.op) & wanted;
                         while roots != 0 {
-                            by_root[roots.trailing_zeros() as usize].push((c, n));
+                            by_root[roots.trailing_zeros() as usize].push((c, n, sibling_only));
                             roots &= roots - 1;
                         }
                     }
@@ -218,7 +220,7 @@ impl Runner {
                 *wanted.entry(since).or_default() |= 1 << rules[ri].root as usize;
             }
             let all_index = index_of(&classes, None, wanted.get(&None).copied().unwrap_or(0));
-            let scope_index: HashMap<usize, Vec<Vec<(Id, &ENode)>>> = scopes
+            let scope_index: HashMap<usize, RootIndex> = scopes
                 .iter()
                 .map(|(k, s)| {
                     let wanted = wanted.get(&Some(*k)).copied().unwrap_or(0);
@@ -232,7 +234,11 @@ impl Runner {
                     .unwrap_or(&all_index);
                 let mut out = Out::default();
                 let mut all = Out::default();
-                for &(c, n) in &index[rule.root as usize] {
+                let reads_class = rule.reads_class_nodes();
+                for &(c, n, sibling_only) in &index[rule.root as usize] {
+                    if sibling_only && !reads_class {
+                        continue;
+                    }
                     (rule.find)(egraph, c, n, &mut out);
                     // Most proposals are terms the class already holds (rules re-find
                     // their matches): drop them here, in parallel, not in the
@@ -291,11 +297,11 @@ impl Runner {
             );
             let mut unions = 0;
             let mut hit_node_limit = false;
-            // Classes of the e-nodes added so far this iteration: with the count before it, an
+            // The e-nodes added so far this iteration: with the count before it, an
             // upper bound of the e-node count (merges only lower it), and what changed.
-            let mut added = Vec::new();
+            let mut added = Change::default();
             for (ri, class, term) in proposals {
-                if nodes_before + added.len() >= self.node_limit {
+                if nodes_before + added.classes.len() >= self.node_limit {
                     hit_node_limit = true;
                     break;
                 }
@@ -334,12 +340,15 @@ impl Runner {
                 let mut changed: Vec<Id> = classes
                     .iter()
                     .filter(|c| g.egraph.find(**c) != **c)
-                    .chain(added.iter())
+                    .chain(added.classes.iter())
                     .map(|c| g.egraph.find(*c))
                     .collect();
                 changed.sort();
                 changed.dedup();
-                dirty_log.push(changed);
+                dirty_log.push(Change {
+                    classes: changed,
+                    nodes: added.nodes,
+                });
             }
             phase[2] += t_rebuild.elapsed().as_secs_f64();
             if let Some(p) = self.progress.as_mut() {
@@ -378,6 +387,10 @@ impl Runner {
     }
 }
 
+/// Per root kind, the e-nodes to search with their class, and whether only rules that read
+/// the other e-nodes of their class need that e-node (`Revisit::ForClassReaders`).
+type RootIndex<'a> = Vec<Vec<(Id, &'a ENode, bool)>>;
+
 /// The default `Runner::parallel_search_after`.
 pub const PARALLEL_SEARCH_AFTER: Duration = Duration::from_millis(1);
 
@@ -398,17 +411,39 @@ fn index_parallel_reductions(g: &mut TypedEGraph, classes: &[Id]) {
     g.egraph.analysis.parallel_reductions = index;
 }
 
+/// What one iteration changed: the classes that absorbed a class or a new e-node, and the new
+/// e-nodes as they were added.
+#[derive(Default)]
+struct Change {
+    classes: Vec<Id>,
+    nodes: Vec<ENode>,
+}
+
 /// Where a local rule must search again after some classes changed (absorbed a class or a new
 /// e-node). A local rule matched at an e-node reads at most that e-node, the e-nodes of its
-/// operand classes and the identity of their operands: its proposals can differ only at an
-/// e-node of a changed class, or one with an operand class that changed or has an e-node
-/// reading a changed class. Every other e-node would re-propose known terms.
+/// operand classes and the identity of their operands (and, for a few, the other e-nodes of
+/// its own class): its proposals can differ only at a new e-node, at one with an operand
+/// class that changed or has an e-node reading a changed class, or — for a rule reading its
+/// class — at any e-node of a changed class. Every other e-node would re-propose known terms:
+/// an old e-node that moved into another class by a merge proposes the same terms, which
+/// its old class already holds.
 struct Scope {
     /// The classes holding such e-nodes, in order.
     classes: Vec<Id>,
     /// Per class slot: `CHANGED`, `NEAR` for a changed class or a parent of one, and `LISTED`
     /// once in `classes`.
     marks: Vec<u8>,
+    /// The new e-nodes, canonical.
+    fresh: rustc_hash::FxHashSet<ENode>,
+}
+
+/// Whether an e-node of the scope must be searched again, and by which rules.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Revisit {
+    No,
+    /// Only by rules that read the other e-nodes of the class (it changed, this e-node did not).
+    ForClassReaders,
+    Always,
 }
 
 const CHANGED: u8 = 1;
@@ -416,8 +451,20 @@ const NEAR: u8 = 2;
 const LISTED: u8 = 4;
 
 impl Scope {
-    fn new<'a>(g: &TypedEGraph, changed: impl Iterator<Item = &'a Id>) -> Scope {
+    fn new(g: &TypedEGraph, log: &[Change]) -> Scope {
         let eg = &g.egraph;
+        let fresh = log
+            .iter()
+            .flat_map(|c| c.nodes.iter())
+            .map(|n| {
+                let mut n = n.clone();
+                for k in n.children.iter_mut() {
+                    *k = eg.find(*k);
+                }
+                n
+            })
+            .collect();
+        let changed = log.iter().flat_map(|c| c.classes.iter());
         let mut marks = Vec::new();
         let mark = |marks: &mut Vec<u8>, c: Id, m: u8| {
             let i = usize::from(c);
@@ -454,7 +501,11 @@ impl Scope {
             }
         }
         classes.sort();
-        Scope { classes, marks }
+        Scope {
+            classes,
+            marks,
+            fresh,
+        }
     }
 
     fn mark(&self, c: Id) -> u8 {
@@ -462,8 +513,18 @@ impl Scope {
     }
 
     /// Whether e-node `n` of class `c` (canonical, as after a rebuild) must be searched again.
-    fn revisits(&self, c: Id, n: &ENode) -> bool {
-        self.mark(c) & CHANGED != 0 || n.children.iter().any(|k| self.mark(*k) & NEAR != 0)
+    fn revisits(&self, c: Id, n: &ENode) -> Revisit {
+        if n.children.iter().any(|k| self.mark(*k) & NEAR != 0) {
+            return Revisit::Always;
+        }
+        if self.mark(c) & CHANGED == 0 {
+            return Revisit::No;
+        }
+        if self.fresh.contains(n) {
+            Revisit::Always
+        } else {
+            Revisit::ForClassReaders
+        }
     }
 }
 
@@ -486,8 +547,8 @@ fn lookup_term(eg: &crate::egraph::EGraph, term: &mut Term) -> Option<Id> {
 }
 
 /// Adds a term bottom-up, checking each new e-node's type with the verifier's rules, and
-/// records the classes of the e-nodes it creates in `added`.
-fn add_term(g: &mut TypedEGraph, term: Term, added: &mut Vec<Id>) -> Result<Id, String> {
+/// records the e-nodes it creates and their classes in `added`.
+fn add_term(g: &mut TypedEGraph, term: Term, added: &mut Change) -> Result<Id, String> {
     match term {
         Term::Class(id) => Ok(g.egraph.find(id)),
         Term::Node(op, kids) => {
@@ -515,9 +576,10 @@ fn add_term(g: &mut TypedEGraph, term: Term, added: &mut Vec<Id>) -> Result<Id, 
             .map_err(|e| e.message)?;
             // The analysis takes this type instead of inferring it again.
             g.egraph.analysis.known_type = Some(ty);
+            added.nodes.push(enode.clone());
             let id = g.egraph.add(enode);
             g.egraph.analysis.known_type = None;
-            added.push(id);
+            added.classes.push(id);
             Ok(id)
         }
     }

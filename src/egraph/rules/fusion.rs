@@ -152,22 +152,63 @@ fn product_fusion(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
         return;
     }
     candidates.sort_by_key(|c| c.0);
+    let ordered = |other: Id, y: Id, rb: BuiltinReducer| {
+        if other < class {
+            ((other, y, rb), (class, x, ra))
+        } else {
+            ((class, x, ra), (other, y, rb))
+        }
+    };
+    // A partner class whose every candidate is already fused with this reduction (each class
+    // holding its component) yields only known terms: skip it before the costlier
+    // independence test.
+    let mut open = Vec::new();
+    for group in candidates.chunk_by(|p, q| p.0 == q.0) {
+        let fused = group.iter().all(|&(other, y, rb)| {
+            let (a, b) = ordered(other, y, rb);
+            already_fused(eg, *axis, a, b)
+        });
+        if !fused {
+            open.extend_from_slice(group);
+        }
+    }
+    if open.is_empty() {
+        return;
+    }
     // Independent: neither input uses the other's result. One partner node per class.
     let reach = crate::egraph::graph::reduction_reach(eg);
     let mut partners: Vec<(Id, Id, BuiltinReducer)> = Vec::new();
-    for (c, y, rb) in candidates {
+    for (c, y, rb) in open {
         let independent = !reach.reaches(eg, y, class) && !reach.reaches(eg, x, c);
         if independent && partners.last().is_none_or(|p| p.0 != c) {
             partners.push((c, y, rb));
         }
     }
+    // Pairs with partners after this class first, then those before (the e-graph's class
+    // numbering depends on the order of proposals).
     let (below, above): (Vec<_>, Vec<_>) = partners.into_iter().partition(|p| p.0 < class);
-    for (other, y, rb) in above {
-        fuse_pair(eg, *axis, (class, x, ra), (other, y, rb), out);
+    for (other, y, rb) in above.into_iter().chain(below) {
+        let (a, b) = ordered(other, y, rb);
+        fuse_pair(eg, *axis, a, b, out);
     }
-    for (other, y, rb) in below {
-        fuse_pair(eg, *axis, (other, y, rb), (class, x, ra), out);
-    }
+}
+
+/// Whether classes `a` < `b` already hold the components of their fused reduction.
+fn already_fused(
+    eg: &EGraph,
+    axis: Sym,
+    (a, x, ra): (Id, Id, BuiltinReducer),
+    (b, y, rb): (Id, Id, BuiltinReducer),
+) -> bool {
+    let def = product_reducer(&[ra, rb]);
+    let lookup = |op: Op, kids: &[Id]| eg.lookup(ENode::new(op, kids));
+    let fused = lookup(Op::Tuple, &[x, y]).and_then(|t| {
+        let reducer = ReducerRef::User(def.name.as_str().into());
+        lookup(Op::ReduceParallel { axis, reducer }, &[t])
+    });
+    fused.is_some_and(|f| {
+        lookup(Op::Get(0), &[f]) == Some(eg.find(a)) && lookup(Op::Get(1), &[f]) == Some(eg.find(b))
+    })
 }
 
 /// `⟨reduce_ρa x, reduce_ρb y⟩ = reduce_{ρa×ρb} ⟨x, y⟩`, for reductions in classes `a` < `b`.

@@ -158,6 +158,14 @@ impl Rule {
     pub fn searches_globally(&self) -> bool {
         self.name == "repair-fusion"
     }
+
+    /// Whether the rule's proposals at an e-node depend on which other e-nodes a changed
+    /// class holds — its own class (combination injectivity pairs siblings) or a partner's
+    /// (product fusion pairs one reduction per partner class) — so that it must look again
+    /// at every e-node of a class that changed, not only at the new ones.
+    pub fn reads_class_nodes(&self) -> bool {
+        matches!(self.name, "combination-injective" | "product-fusion")
+    }
 }
 
 /// Every rule, grouped by family.
