@@ -207,6 +207,40 @@ fn comparing_forms_not_picks_of_reachable_classes_changes_the_work_not_the_class
     }
 }
 
+/// A partial program whose resolved kernels already read each other's stored values in a
+/// cycle (or one reads what it writes) has no completion with a launch order, and is pruned
+/// before it is expanded. That must change the work only: with and without the pruning, the
+/// same classes. On saturated nGPT every one of the 294 complete programs that used to be
+/// refused for their launch order is now cut off earlier.
+#[test]
+fn pruning_partial_programs_without_launch_order_loses_no_class() {
+    for (name, iterations) in [("ngpt", 30), ("gated_mlp", 30), ("layernorm_gemm", 30)] {
+        let g = saturated_example(name, iterations);
+        let x = ExtractGraph::new(&g).expect("extractable");
+        let early = || extractor(&g, Compaction::Early);
+        let (_, [pruning, not_pruning]) = same_classes(
+            &x,
+            &format!("{name}@{iterations}"),
+            [
+                ("pruning", early()),
+                ("not pruning", early().with_no_launch_order_pruning(false)),
+            ],
+        );
+        assert!(
+            pruning <= not_pruning,
+            "{name}: pruning expanded more states"
+        );
+    }
+    let g = saturated_example("ngpt", 30);
+    let x = ExtractGraph::new(&g).expect("extractable");
+    let with = extractor(&g, Compaction::Early).run(&x);
+    let without = extractor(&g, Compaction::Early)
+        .with_no_launch_order_pruning(false)
+        .run(&x);
+    assert!(without.rejected > 0, "nGPT no longer has such programs");
+    assert!(with.no_launch_order > 0 && with.rejected < without.rejected);
+}
+
 /// Each value is computed once: a candidate that stores `cast(x)` reads it back wherever it
 /// needs it and never casts `x` again; both pure forms (store and read back, recompute in the
 /// kernel) are candidates. Checked on the printed programs of a full enumeration.

@@ -11,7 +11,9 @@
 //! one associative operator), in the order in which a value's parallel views
 //! (`partition`/`replicate`) or a result's `combination`s are written, or in where a
 //! `replicate` or `combination` sits relative to pointwise operators computed in a kernel, are
-//! one class. Validity adds that each value is computed once (`computed_once`).
+//! one class. Validity adds that each value is computed once (`computed_once`), and that the
+//! kernels have a launch order — checked on partial programs as far as their resolved
+//! classes decide it (`launch_order_impossible`), and on complete ones by `lower`.
 //! Matmul structure, reduction organisation and intermediate storage stay distinct. Each
 //! partial program has a canonical form — holes named by their e-class, commutative operands
 //! sorted, view chains as sorted sets — interned exactly (no hashing shortcuts). Two partial
@@ -111,6 +113,9 @@ pub struct ExtractReport {
     pub complete: usize,
     /// Complete programs rejected for having no kernel launch order.
     pub rejected: usize,
+    /// Partial programs pruned because no completion has a launch order (see
+    /// `launch_order_impossible`).
+    pub no_launch_order: usize,
     /// Partial or complete programs pruned for needing more than `max_kernels` kernels.
     pub over_kernels: usize,
     /// Partial or complete programs pruned for recomputing a value they also store (see
@@ -1192,6 +1197,163 @@ fn kernel_lower_bound(x: &ExtractGraph, choice: &Choice, visited: &[bool], memo:
     }
 }
 
+/// Whether no completion of a partial program has a kernel launch order: the kernels its
+/// resolved classes already form read each other's stored values in a cycle, or one reads a
+/// value it writes itself. This is `lower::kernel_graph`'s test on what is known so far. A
+/// completion only adds e-nodes, so it adds read edges and joins regions (a class's type
+/// fixes whether it is tiled); joining the kernels of a cycle leaves a cycle or a kernel
+/// reading itself, so the verdict holds for every completion. What a hole could still decide
+/// is left out, which can only miss a cycle: a view chain into a hole (load or computed
+/// tile?), and the reads of `tuple` and `get`, whose kernel can depend on their operand.
+fn launch_order_impossible(
+    x: &ExtractGraph,
+    choice: &Choice,
+    visited: &[bool],
+    picks: &[u32],
+    scratch: &mut LaunchScratch,
+) -> bool {
+    let picked = |c: u32| visited[c as usize] && choice[c as usize] != NONE;
+    let op = |c: u32| &x.nodes[c as usize][choice[c as usize] as usize];
+    #[derive(PartialEq)]
+    enum Load {
+        No,
+        From(u32),
+        Unknown,
+    }
+    // A picked view chain down to a tensor-level value is a load of that value.
+    let load = |mut c: u32| -> Load {
+        loop {
+            let (node, kids) = op(c);
+            if !matches!(node.op, Op::Partition(..) | Op::Replicate(_)) {
+                return Load::No;
+            }
+            let o = kids[0];
+            if !class_tiled(x, o) {
+                return Load::From(o);
+            }
+            if !picked(o) {
+                return Load::Unknown;
+            }
+            c = o;
+        }
+    };
+    // A class that is some kernel's work: not a leaf, a constant, an input or a load.
+    let computed = |c: u32| {
+        picked(c)
+            && !matches!(
+                op(c).0.op,
+                Op::Input(..) | Op::Constant(..) | Op::Fill(..) | Op::Iota(..)
+            )
+            && !x.constant[c as usize]
+            && !x.input[c as usize]
+            && load(c) == Load::No
+    };
+    let region = |c: u32| class_tiled(x, c) || op(c).1.iter().any(|k| class_tiled(x, *k));
+    // The kernel of a computed class is known unless a hole may still decide it (`tuple`,
+    // `get` outside a region).
+    let has_kernel = |c: u32| region(c) || !matches!(op(c).0.op, Op::Tuple | Op::Get(_));
+    // Reads of stored values: (reader class, tensor-level value class). A `get` reading its
+    // own kernel's tuple reads no global memory: once kernels join, its read may vanish, so
+    // it proves nothing here.
+    let LaunchScratch {
+        parent,
+        reads,
+        edges,
+    } = scratch;
+    reads.clear();
+    for &j in picks {
+        if !computed(j) || !has_kernel(j) || matches!(op(j).0.op, Op::Get(_)) {
+            continue;
+        }
+        for &o in &op(j).1 {
+            if !picked(o) {
+                continue;
+            }
+            let value = match load(o) {
+                Load::From(b) => b,
+                Load::No => o,
+                Load::Unknown => continue,
+            };
+            if !class_tiled(x, value) && computed(value) && has_kernel(value) {
+                reads.push((j, value));
+            }
+        }
+    }
+    if reads.is_empty() {
+        return false;
+    }
+    // Regions: a region class joins each tiled operand that is not a load.
+    parent.resize(choice.len(), 0);
+    for &c in picks {
+        parent[c as usize] = c;
+    }
+    fn find(p: &mut [u32], mut i: u32) -> u32 {
+        while p[i as usize] != i {
+            p[i as usize] = p[p[i as usize] as usize];
+            i = p[i as usize];
+        }
+        i
+    }
+    for &c in picks {
+        if !computed(c) || !region(c) {
+            continue;
+        }
+        for &o in &op(c).1 {
+            if class_tiled(x, o) && picked(o) && load(o) == Load::No {
+                let (a, b) = (find(parent, c), find(parent, o));
+                parent[a as usize] = b;
+            }
+        }
+    }
+    // A non-region class is a kernel of its own (its default tiling).
+    let mut kernel = |c: u32| if region(c) { find(parent, c) } else { c };
+    edges.clear();
+    for &(j, value) in reads.iter() {
+        let (reader, writer) = (kernel(j), kernel(value));
+        if reader == writer {
+            return true; // a kernel reading what it writes
+        }
+        edges.push((writer, reader));
+    }
+    edges.sort_unstable();
+    edges.dedup();
+    if edges.len() < 2 {
+        return false;
+    }
+    // A cycle among the kernels: Kahn's algorithm leaves some kernel unordered.
+    let mut indegree: FxHashMap<u32, usize> = FxHashMap::default();
+    for &(a, b) in edges.iter() {
+        indegree.entry(a).or_default();
+        *indegree.entry(b).or_default() += 1;
+    }
+    let mut ready: Vec<u32> = indegree
+        .iter()
+        .filter(|(_, d)| **d == 0)
+        .map(|(k, _)| *k)
+        .collect();
+    let mut ordered = 0;
+    while let Some(k) = ready.pop() {
+        ordered += 1;
+        let from = edges.partition_point(|e| e.0 < k);
+        for &(_, b) in edges[from..].iter().take_while(|e| e.0 == k) {
+            let d = indegree.entry(b).or_default();
+            *d -= 1;
+            if *d == 0 {
+                ready.push(b);
+            }
+        }
+    }
+    ordered < indegree.len()
+}
+
+/// Buffers `launch_order_impossible` reuses from one program to the next.
+#[derive(Default)]
+struct LaunchScratch {
+    parent: Vec<u32>,
+    reads: Vec<(u32, u32)>,
+    edges: Vec<(u32, u32)>,
+}
+
 /// Lowerability of views: a `partition` slices what it reads from global memory (a kernel
 /// region is entered through loads), so its operand must be a tensor-level value or views of
 /// one — never a tile computed inside a kernel, which no program could slice by its grid
@@ -1517,6 +1679,9 @@ pub struct Extractor {
     /// Candidates it refuses are not output (counted as `not_lowerable`).
     pub lowerable: Option<LowerCheck>,
     pub hole_context: HoleContext,
+    /// Prune partial programs that no completion gives a launch order (on by default; off
+    /// only to show, in tests, that it loses no candidate).
+    pub prune_no_launch_order: bool,
 }
 
 /// A backend's lowerability test for complete candidates (the extractor does not depend on
@@ -1533,6 +1698,7 @@ impl Default for Extractor {
             max_kernels: None,
             lowerable: None,
             hole_context: HoleContext::Forms,
+            prune_no_launch_order: true,
         }
     }
 }
@@ -1565,6 +1731,11 @@ impl Extractor {
 
     pub fn with_hole_context(mut self, by: HoleContext) -> Self {
         self.hole_context = by;
+        self
+    }
+
+    pub fn with_no_launch_order_pruning(mut self, on: bool) -> Self {
+        self.prune_no_launch_order = on;
         self
     }
 
@@ -1615,6 +1786,10 @@ impl Extractor {
             seen: Marks::new(classes),
         };
         let (mut expanded, mut complete, mut rejected) = (0usize, 0usize, 0usize);
+        let mut no_launch_order = 0usize;
+        let mut launch_scratch = LaunchScratch::default();
+        // The classes the program being looked at has picked.
+        let mut picks: Vec<u32> = Vec::new();
         let mut candidates = Vec::new();
         let mut stop = ExtractStop::Exhausted;
         let mut taken = 0usize;
@@ -1630,10 +1805,12 @@ impl Extractor {
                 break;
             }
             s.iter_mut().for_each(|n| *n = NONE);
+            picks.clear();
             let mut link = at;
             while link != 0 {
                 let (parent, c, n) = trail[link as usize];
                 s[c as usize] = n;
+                picks.push(c);
                 link = parent;
             }
             let (walk, form) = Walk::roots(x, &s, &mut interner);
@@ -1665,6 +1842,13 @@ impl Extractor {
             }
             if !computed_once(x, &s, &visited, holes.is_empty(), &mut once_scratch) {
                 recomputed += 1;
+                continue;
+            }
+            if self.prune_no_launch_order
+                && !holes.is_empty()
+                && launch_order_impossible(x, &s, &visited, &picks, &mut launch_scratch)
+            {
+                no_launch_order += 1;
                 continue;
             }
             // The ≈ class of a complete program.
@@ -1761,6 +1945,7 @@ impl Extractor {
             expanded,
             complete,
             rejected,
+            no_launch_order,
             over_kernels,
             recomputed,
             equivalent,

@@ -185,6 +185,7 @@ impl Pass for ExtractPass {
                 "pruned_over_max_kernels": report.over_kernels,
                 "pruned_computing_twice": report.recomputed,
                 "pruned_equivalent": report.equivalent,
+                "pruned_no_launch_order": report.no_launch_order,
                 "rejected_not_lowerable": report.not_lowerable,
                 "distinct_candidates": report.distinct,
                 "output": total,
