@@ -1204,7 +1204,9 @@ fn kernel_lower_bound(x: &ExtractGraph, choice: &Choice, visited: &[bool], memo:
 /// fixes whether it is tiled); joining the kernels of a cycle leaves a cycle or a kernel
 /// reading itself, so the verdict holds for every completion. What a hole could still decide
 /// is left out, which can only miss a cycle: a view chain into a hole (load or computed
-/// tile?), and the reads of `tuple` and `get`, whose kernel can depend on their operand.
+/// tile?), the kernel of a `get` whose tuple is a hole or plumbing, and reads by `tuple` and
+/// `get` (outside a region a tuple's readers read its parts; a get's read of its own kernel's
+/// tuple is none, and may become so when kernels join).
 fn launch_order_impossible(
     x: &ExtractGraph,
     choice: &Choice,
@@ -1249,9 +1251,9 @@ fn launch_order_impossible(
             && load(c) == Load::No
     };
     let region = |c: u32| class_tiled(x, c) || op(c).1.iter().any(|k| class_tiled(x, *k));
-    // The kernel of a computed class is known unless a hole may still decide it (`tuple`,
-    // `get` outside a region).
-    let has_kernel = |c: u32| region(c) || !matches!(op(c).0.op, Op::Tuple | Op::Get(_));
+    // Outside a region a `tuple` is plumbing (no kernel of its own), and a `get` belongs to
+    // its tuple's kernel.
+    let plumbing = |c: u32| !region(c) && matches!(op(c).0.op, Op::Tuple | Op::Get(_));
     // Reads of stored values: (reader class, tensor-level value class). A `get` reading its
     // own kernel's tuple reads no global memory: once kernels join, its read may vanish, so
     // it proves nothing here.
@@ -1262,7 +1264,7 @@ fn launch_order_impossible(
     } = scratch;
     reads.clear();
     for &j in picks {
-        if !computed(j) || !has_kernel(j) || matches!(op(j).0.op, Op::Get(_)) {
+        if !computed(j) || plumbing(j) || matches!(op(j).0.op, Op::Get(_)) {
             continue;
         }
         for &o in &op(j).1 {
@@ -1274,7 +1276,7 @@ fn launch_order_impossible(
                 Load::No => o,
                 Load::Unknown => continue,
             };
-            if !class_tiled(x, value) && computed(value) && has_kernel(value) {
+            if !class_tiled(x, value) && computed(value) {
                 reads.push((j, value));
             }
         }
@@ -1305,11 +1307,27 @@ fn launch_order_impossible(
             }
         }
     }
-    // A non-region class is a kernel of its own (its default tiling).
-    let mut kernel = |c: u32| if region(c) { find(parent, c) } else { c };
+    // A region class's kernel is its region's; another class is a kernel of its own (its
+    // default tiling), but a `get` outside a region is its tuple's, and a `tuple` outside a
+    // region none, as far as the picks decide (`NONE` otherwise).
+    let mut kernel = |mut c: u32| loop {
+        if region(c) {
+            return find(parent, c);
+        }
+        if !plumbing(c) {
+            return c;
+        }
+        match (&op(c).0.op, op(c).1.first()) {
+            (Op::Get(_), Some(&t)) if computed(t) => c = t,
+            _ => return NONE,
+        }
+    };
     edges.clear();
     for &(j, value) in reads.iter() {
         let (reader, writer) = (kernel(j), kernel(value));
+        if writer == NONE {
+            continue;
+        }
         if reader == writer {
             return true; // a kernel reading what it writes
         }
