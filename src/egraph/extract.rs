@@ -30,7 +30,7 @@
 //! not change the classes found — every partial-program check holds for all completions,
 //! validity is the same for ≈ programs, ≈ is a function of the parts' forms, and a complete
 //! program is pruned only against one already output — and it changes the cost a lot:
-//! rmsnorm_gemm takes 0.34 M expansions resolving holes in walk order, 0.10 M this way, for
+//! rmsnorm_gemm takes 0.32 M expansions resolving holes in walk order, 0.10 M this way, for
 //! the same 728 classes. Pruning uses a
 //! finer relation than ≈, in which a fold over a stored collection keeps its own form: it is
 //! ≈ to `reduce … parallel=` but gives another kernel graph, so launch order is not a function
@@ -1643,8 +1643,8 @@ fn hole_context(
 pub enum HoleContext {
     /// The canonical ids of the resolved classes holes reach: the default.
     Forms,
-    /// Their picks: a finer relation that prunes less (rmsnorm_gemm: 284,596 expanded states
-    /// against 104,581 for the same 728 classes), kept to check that both find the same
+    /// Their picks: a finer relation that prunes less (rmsnorm_gemm: 278,478 expanded states
+    /// against 100,415 for the same 728 classes), kept to check that both find the same
     /// classes.
     Picks,
 }
