@@ -191,20 +191,32 @@ fn hole_order_changes_the_work_not_the_classes() {
 /// product components were rejected.)
 #[test]
 fn comparing_forms_not_picks_of_reachable_classes_changes_the_work_not_the_classes() {
-    for (name, iterations) in [("ngpt", 30), ("gated_mlp", 30), ("layernorm_gemm", 30)] {
-        let g = saturated_example(name, iterations);
-        let x = ExtractGraph::new(&g).expect("extractable");
-        let early = || extractor(&g, Compaction::Early);
-        let (_, [by_forms, by_picks]) = same_classes(
-            &x,
-            &format!("{name}@{iterations}"),
-            [
-                ("forms", early().with_hole_context(HoleContext::Forms)),
-                ("picks", early().with_hole_context(HoleContext::Picks)),
-            ],
-        );
+    let runs = same_classes_on_saturated_workloads([
+        ("forms", |e| e.with_hole_context(HoleContext::Forms)),
+        ("picks", |e| e.with_hole_context(HoleContext::Picks)),
+    ]);
+    for (name, [by_forms, by_picks]) in runs {
         assert!(by_forms <= by_picks, "{name}: forms expanded more states");
     }
+}
+
+/// A labelled change to the default extractor.
+type Config = (&'static str, fn(Extractor) -> Extractor);
+
+/// `same_classes` for two configurations of early compaction on each saturated workload small
+/// enough to enumerate fully; the states each expanded, per workload.
+fn same_classes_on_saturated_workloads(configs: [Config; 2]) -> Vec<(&'static str, [usize; 2])> {
+    ["ngpt", "gated_mlp", "layernorm_gemm"]
+        .into_iter()
+        .map(|name| {
+            let g = saturated_example(name, 30);
+            let x = ExtractGraph::new(&g).expect("extractable");
+            let run =
+                |(label, configure): Config| (label, configure(extractor(&g, Compaction::Early)));
+            let (_, expanded) = same_classes(&x, name, configs.map(run));
+            (name, expanded)
+        })
+        .collect()
 }
 
 /// A partial program whose resolved kernels already read each other's stored values in a
@@ -214,18 +226,11 @@ fn comparing_forms_not_picks_of_reachable_classes_changes_the_work_not_the_class
 /// refused for their launch order is now cut off earlier.
 #[test]
 fn pruning_partial_programs_without_launch_order_loses_no_class() {
-    for (name, iterations) in [("ngpt", 30), ("gated_mlp", 30), ("layernorm_gemm", 30)] {
-        let g = saturated_example(name, iterations);
-        let x = ExtractGraph::new(&g).expect("extractable");
-        let early = || extractor(&g, Compaction::Early);
-        let (_, [pruning, not_pruning]) = same_classes(
-            &x,
-            &format!("{name}@{iterations}"),
-            [
-                ("pruning", early()),
-                ("not pruning", early().with_no_launch_order_pruning(false)),
-            ],
-        );
+    let runs = same_classes_on_saturated_workloads([
+        ("pruning", |e| e),
+        ("not pruning", |e| e.with_no_launch_order_pruning(false)),
+    ]);
+    for (name, [pruning, not_pruning]) in runs {
         assert!(
             pruning <= not_pruning,
             "{name}: pruning expanded more states"

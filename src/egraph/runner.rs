@@ -3,7 +3,7 @@
 
 use super::graph::TypedEGraph;
 use super::lang::{Children, ENode, Op};
-use super::rules::{Family, Out, Root, Rule, Term};
+use super::rules::{Family, Out, Reach, Root, Rule, Term};
 use crate::ir::Type;
 use crate::passes::typing::infer;
 use egg::Id;
@@ -182,7 +182,8 @@ impl Runner {
                 .enumerate()
                 .filter(|(ri, _)| banned_until[*ri] <= iterations)
                 .map(|(ri, rule)| {
-                    let since = seen[ri].filter(|_| self.incremental && !rule.searches_globally());
+                    let since =
+                        seen[ri].filter(|_| self.incremental && rule.reach != Reach::EGraph);
                     if let Some(k) = since {
                         scopes
                             .entry(k)
@@ -204,10 +205,14 @@ impl Runner {
                         if revisit == Revisit::No {
                             continue;
                         }
-                        let sibling_only = revisit == Revisit::ForClassReaders;
+                        let class_readers_only = revisit == Revisit::ForClassReaders;
                         let mut roots = Root::set_of(&n.op) & wanted;
                         while roots != 0 {
-                            by_root[roots.trailing_zeros() as usize].push((c, n, sibling_only));
+                            by_root[roots.trailing_zeros() as usize].push((
+                                c,
+                                n,
+                                class_readers_only,
+                            ));
                             roots &= roots - 1;
                         }
                     }
@@ -234,9 +239,9 @@ impl Runner {
                     .unwrap_or(&all_index);
                 let mut out = Out::default();
                 let mut all = Out::default();
-                let reads_class = rule.reads_class_nodes();
-                for &(c, n, sibling_only) in &index[rule.root as usize] {
-                    if sibling_only && !reads_class {
+                let reads_class = rule.reach == Reach::ClassNodes;
+                for &(c, n, class_readers_only) in &index[rule.root as usize] {
+                    if class_readers_only && !reads_class {
                         continue;
                     }
                     (rule.find)(egraph, c, n, &mut out);
@@ -604,6 +609,7 @@ mod tests {
         equation: "transpose[1,0](x) = x  (false)",
         root: crate::egraph::rules::Root::Transpose,
         find: wrong,
+        reach: crate::egraph::rules::Reach::Node,
     };
 
     #[test]

@@ -8,19 +8,19 @@ use crate::ir::BinaryOp;
 #[rustfmt::skip]
 pub static RULES: &[Rule] = &[
     // name                    family               equation
-    Rule { name: "commute-add",        family: Family::Algebraic, equation: "a + b = b + a", root: Root::Binary, find: commute_add },
-    Rule { name: "commute-multiply",   family: Family::Algebraic, equation: "a * b = b * a", root: Root::Binary, find: commute_multiply },
-    Rule { name: "commute-maximum",    family: Family::Algebraic, equation: "maximum(a, b) = maximum(b, a)", root: Root::Binary, find: commute_maximum },
-    Rule { name: "commute-minimum",    family: Family::Algebraic, equation: "minimum(a, b) = minimum(b, a)", root: Root::Binary, find: commute_minimum },
-    Rule { name: "matmul-reassoc-right", family: Family::Algebraic, equation: "matmul(matmul(A,B),C) = matmul(A, matmul(B,C))", root: Root::MatMul, find: reassoc_right },
-    Rule { name: "matmul-reassoc-left", family: Family::Algebraic, equation: "matmul(A, matmul(B,C)) = matmul(matmul(A,B),C)", root: Root::MatMul, find: reassoc_left },
-    Rule { name: "factor-out-lhs",     family: Family::Algebraic, equation: "matmul(X ∘ a, W) = matmul(X, W) ∘ a  (∘ ∈ {*, /}; a invariant along K)", root: Root::MatMul, find: factor_out_lhs },
-    Rule { name: "factor-out-rhs",     family: Family::Algebraic, equation: "matmul(X, W ∘ a) = matmul(X, W) ∘ a  (∘ ∈ {*, /}; a invariant along K)", root: Root::MatMul, find: factor_out_rhs },
-    Rule { name: "factor-into-lhs",    family: Family::Algebraic, equation: "matmul(X, W) ∘ a = matmul(X ∘ a, W)  (∘ ∈ {*, /}; a invariant along N)", root: Root::Binary, find: factor_into_lhs },
-    Rule { name: "distribute-matmul-lhs", family: Family::Algebraic, equation: "matmul(A,B) + matmul(A,C) = matmul(A, B + C)", root: Root::Binary, find: distribute_matmul_lhs },
-    Rule { name: "distribute-matmul-rhs", family: Family::Algebraic, equation: "matmul(A,C) + matmul(B,C) = matmul(A + B, C)", root: Root::Binary, find: distribute_matmul_rhs },
-    Rule { name: "factor-common-multiply", family: Family::Algebraic, equation: "a * b + a * c = a * (b + c)", root: Root::Binary, find: factor_common_multiply },
-    Rule { name: "row-factor-outward", family: Family::Algebraic, equation: "(x ∘ a) * b = (x * b) ∘ a  (∘ ∈ {*, /}; a invariant along the last dim, b not: guarded reassociation)", root: Root::Binary, find: row_factor_outward },
+    Rule { name: "commute-add",        family: Family::Algebraic, equation: "a + b = b + a", root: Root::Binary, find: commute_add, reach: Reach::Node },
+    Rule { name: "commute-multiply",   family: Family::Algebraic, equation: "a * b = b * a", root: Root::Binary, find: commute_multiply, reach: Reach::Node },
+    Rule { name: "commute-maximum",    family: Family::Algebraic, equation: "maximum(a, b) = maximum(b, a)", root: Root::Binary, find: commute_maximum, reach: Reach::Node },
+    Rule { name: "commute-minimum",    family: Family::Algebraic, equation: "minimum(a, b) = minimum(b, a)", root: Root::Binary, find: commute_minimum, reach: Reach::Node },
+    Rule { name: "matmul-reassoc-right", family: Family::Algebraic, equation: "matmul(matmul(A,B),C) = matmul(A, matmul(B,C))", root: Root::MatMul, find: reassoc_right, reach: Reach::Node },
+    Rule { name: "matmul-reassoc-left", family: Family::Algebraic, equation: "matmul(A, matmul(B,C)) = matmul(matmul(A,B),C)", root: Root::MatMul, find: reassoc_left, reach: Reach::Node },
+    Rule { name: "factor-out-lhs",     family: Family::Algebraic, equation: "matmul(X ∘ a, W) = matmul(X, W) ∘ a  (∘ ∈ {*, /}; a invariant along K)", root: Root::MatMul, find: factor_out_lhs, reach: Reach::Node },
+    Rule { name: "factor-out-rhs",     family: Family::Algebraic, equation: "matmul(X, W ∘ a) = matmul(X, W) ∘ a  (∘ ∈ {*, /}; a invariant along K)", root: Root::MatMul, find: factor_out_rhs, reach: Reach::Node },
+    Rule { name: "factor-into-lhs",    family: Family::Algebraic, equation: "matmul(X, W) ∘ a = matmul(X ∘ a, W)  (∘ ∈ {*, /}; a invariant along N)", root: Root::Binary, find: factor_into_lhs, reach: Reach::Node },
+    Rule { name: "distribute-matmul-lhs", family: Family::Algebraic, equation: "matmul(A,B) + matmul(A,C) = matmul(A, B + C)", root: Root::Binary, find: distribute_matmul_lhs, reach: Reach::Node },
+    Rule { name: "distribute-matmul-rhs", family: Family::Algebraic, equation: "matmul(A,C) + matmul(B,C) = matmul(A + B, C)", root: Root::Binary, find: distribute_matmul_rhs, reach: Reach::Node },
+    Rule { name: "factor-common-multiply", family: Family::Algebraic, equation: "a * b + a * c = a * (b + c)", root: Root::Binary, find: factor_common_multiply, reach: Reach::Node },
+    Rule { name: "row-factor-outward", family: Family::Algebraic, equation: "(x ∘ a) * b = (x * b) ∘ a  (∘ ∈ {*, /}; a invariant along the last dim, b not: guarded reassociation)", root: Root::Binary, find: row_factor_outward, reach: Reach::Node },
 ];
 
 fn commute(op: BinaryOp, n: &ENode, out: &mut Out) {

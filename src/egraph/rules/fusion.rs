@@ -25,8 +25,8 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 #[rustfmt::skip]
 pub static RULES: &[Rule] = &[
     // name              family            equation
-    Rule { name: "product-fusion", family: Family::Fusion, equation: "⟨reduce X parallel=p @a, reduce Y parallel=p @b⟩ = get[0,1](reduce tuple(X, Y) parallel=p @a×b)  (independent)", root: Root::ReduceParallel, find: product_fusion },
-    Rule { name: "repair-fusion",  family: Family::Fusion, equation: "⟨s = reduce X parallel=p @P, reduce g(Y, s) parallel=p @add⟩ = get[0,1](reduce tuple(X, Y) parallel=p @h)  (h synthesised and checked)", root: Root::ReduceParallel, find: repair_fusion },
+    Rule { name: "product-fusion", family: Family::Fusion, equation: "⟨reduce X parallel=p @a, reduce Y parallel=p @b⟩ = get[0,1](reduce tuple(X, Y) parallel=p @a×b)  (independent)", root: Root::ReduceParallel, find: product_fusion, reach: Reach::ClassNodes },
+    Rule { name: "repair-fusion",  family: Family::Fusion, equation: "⟨s = reduce X parallel=p @P, reduce g(Y, s) parallel=p @add⟩ = get[0,1](reduce tuple(X, Y) parallel=p @h)  (h synthesised and checked)", root: Root::ReduceParallel, find: repair_fusion, reach: Reach::EGraph },
 ];
 
 // ---- the generated reducers ----

@@ -95,6 +95,24 @@ pub struct Rule {
     /// The operators the rule's matched e-node can have: the runner calls `find` on those only.
     pub root: Root,
     pub find: Finder,
+    /// What the finder reads besides its e-node: the runner's incremental search relies on it.
+    pub reach: Reach,
+}
+
+/// What a rule's finder reads, which decides where incremental search must look again after
+/// a change (see `docs/egraph.md` §7).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reach {
+    /// The e-node, the e-nodes of its operand classes and the identity of their operands: a
+    /// new e-node, or one whose operands changed, is searched again.
+    Node,
+    /// Also which e-nodes a class holds — its own class (combination injectivity pairs
+    /// siblings) or a partner's (product fusion pairs one reduction per partner class): every
+    /// e-node of a changed class is searched again.
+    ClassNodes,
+    /// Anything, to any depth (repair fusion follows a consumer's contribution down and pairs
+    /// it with a producer anywhere): every e-node is searched every iteration.
+    EGraph,
 }
 
 /// The kind of e-node a rule matches at, as egg indexes patterns by their root operator.
@@ -147,24 +165,6 @@ impl Root {
     /// Whether a rule rooted here can match an e-node with operator `op`.
     pub fn matches(self, op: &Op) -> bool {
         Root::set_of(op) & (1 << self as usize) != 0
-    }
-}
-
-impl Rule {
-    /// Repair fusion follows a consumer's contribution to any depth and pairs it with a
-    /// producer anywhere, so it searches every e-node each iteration. Every other rule looks
-    /// at most one level below the e-node it matches (product fusion pairs its reduction
-    /// with partners anywhere, but is visited again whenever either side changes).
-    pub fn searches_globally(&self) -> bool {
-        self.name == "repair-fusion"
-    }
-
-    /// Whether the rule's proposals at an e-node depend on which other e-nodes a changed
-    /// class holds — its own class (combination injectivity pairs siblings) or a partner's
-    /// (product fusion pairs one reduction per partner class) — so that it must look again
-    /// at every e-node of a class that changed, not only at the new ones.
-    pub fn reads_class_nodes(&self) -> bool {
-        matches!(self.name, "combination-injective" | "product-fusion")
     }
 }
 

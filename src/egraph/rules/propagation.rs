@@ -9,19 +9,19 @@ use crate::ir::ReducerRef;
 #[rustfmt::skip]
 pub static RULES: &[Rule] = &[
     // name                              family                 equation
-    Rule { name: "pointwise-partition-in",   family: Family::Propagation, equation: "partition[d,a](f(x, y)) = f(partition[d,a](x), partition[d,a](y) | replicate[a](y))", root: Root::Partition, find: pointwise_partition_in },
-    Rule { name: "pointwise-replicate-in",   family: Family::Propagation, equation: "replicate[a](f(x, y)) = f(replicate[a](x), replicate[a](y))", root: Root::Replicate, find: pointwise_replicate_in },
-    Rule { name: "pointwise-replicate-out",  family: Family::Propagation, equation: "f(replicate[a](x), replicate[a](y)) = replicate[a](f(x, y))", root: Root::Pointwise, find: pointwise_replicate_out },
-    Rule { name: "pointwise-combination-out", family: Family::Propagation, equation: "f(combination[d,a](x), y) = combination[d,a](f(x, partition[d,a](y) | replicate[a](y)))", root: Root::Pointwise, find: pointwise_combination_out },
-    Rule { name: "transpose-partition-in",   family: Family::Propagation, equation: "partition[d,a](transpose[P](x)) = transpose[P](partition[P[d],a](x))", root: Root::Partition, find: transpose_partition_in },
-    Rule { name: "transpose-replicate-in",   family: Family::Propagation, equation: "replicate[a](transpose[P](x)) = transpose[P](replicate[a](x))", root: Root::Replicate, find: transpose_replicate_in },
-    Rule { name: "transpose-combination-out", family: Family::Propagation, equation: "transpose[P](combination[d,a](x)) = combination[P⁻¹(d),a](transpose[P](x))", root: Root::Transpose, find: transpose_combination_out },
-    Rule { name: "reduce-partition-in",      family: Family::Propagation, equation: "partition[d,a](reduce X axis=K) = reduce partition[d',a](X) axis=K  (d kept)", root: Root::Partition, find: reduce_partition_in },
-    Rule { name: "reduce-replicate-in",      family: Family::Propagation, equation: "replicate[a](reduce X axis=K) = reduce replicate[a](X) axis=K", root: Root::Replicate, find: reduce_replicate_in },
-    Rule { name: "reduce-combination-out",   family: Family::Propagation, equation: "reduce combination[d,a](X) axis=K = combination[d',a](reduce X axis=K)  (d ≠ K)", root: Root::ReduceAxis, find: reduce_combination_out },
-    Rule { name: "replicate-across-reduction", family: Family::Propagation, equation: "replicate[q](reduce X parallel=p) = reduce replicate[q](X) parallel=p  (q ≠ p)", root: Root::Replicate, find: replicate_across_reduction },
-    Rule { name: "partition-across-reduction", family: Family::Propagation, equation: "partition[d,q](reduce X parallel=p) = reduce partition[d,q](X) parallel=p  (built-in reducer)", root: Root::Partition, find: partition_across_reduction },
-    Rule { name: "tile-matmul-replicate-in", family: Family::Propagation, equation: "replicate[a](tile_matmul(A,B)) = tile_matmul(replicate[a](A), replicate[a](B))", root: Root::Replicate, find: tile_matmul_replicate_in },
+    Rule { name: "pointwise-partition-in",   family: Family::Propagation, equation: "partition[d,a](f(x, y)) = f(partition[d,a](x), partition[d,a](y) | replicate[a](y))", root: Root::Partition, find: pointwise_partition_in, reach: Reach::Node },
+    Rule { name: "pointwise-replicate-in",   family: Family::Propagation, equation: "replicate[a](f(x, y)) = f(replicate[a](x), replicate[a](y))", root: Root::Replicate, find: pointwise_replicate_in, reach: Reach::Node },
+    Rule { name: "pointwise-replicate-out",  family: Family::Propagation, equation: "f(replicate[a](x), replicate[a](y)) = replicate[a](f(x, y))", root: Root::Pointwise, find: pointwise_replicate_out, reach: Reach::Node },
+    Rule { name: "pointwise-combination-out", family: Family::Propagation, equation: "f(combination[d,a](x), y) = combination[d,a](f(x, partition[d,a](y) | replicate[a](y)))", root: Root::Pointwise, find: pointwise_combination_out, reach: Reach::Node },
+    Rule { name: "transpose-partition-in",   family: Family::Propagation, equation: "partition[d,a](transpose[P](x)) = transpose[P](partition[P[d],a](x))", root: Root::Partition, find: transpose_partition_in, reach: Reach::Node },
+    Rule { name: "transpose-replicate-in",   family: Family::Propagation, equation: "replicate[a](transpose[P](x)) = transpose[P](replicate[a](x))", root: Root::Replicate, find: transpose_replicate_in, reach: Reach::Node },
+    Rule { name: "transpose-combination-out", family: Family::Propagation, equation: "transpose[P](combination[d,a](x)) = combination[P⁻¹(d),a](transpose[P](x))", root: Root::Transpose, find: transpose_combination_out, reach: Reach::Node },
+    Rule { name: "reduce-partition-in",      family: Family::Propagation, equation: "partition[d,a](reduce X axis=K) = reduce partition[d',a](X) axis=K  (d kept)", root: Root::Partition, find: reduce_partition_in, reach: Reach::Node },
+    Rule { name: "reduce-replicate-in",      family: Family::Propagation, equation: "replicate[a](reduce X axis=K) = reduce replicate[a](X) axis=K", root: Root::Replicate, find: reduce_replicate_in, reach: Reach::Node },
+    Rule { name: "reduce-combination-out",   family: Family::Propagation, equation: "reduce combination[d,a](X) axis=K = combination[d',a](reduce X axis=K)  (d ≠ K)", root: Root::ReduceAxis, find: reduce_combination_out, reach: Reach::Node },
+    Rule { name: "replicate-across-reduction", family: Family::Propagation, equation: "replicate[q](reduce X parallel=p) = reduce replicate[q](X) parallel=p  (q ≠ p)", root: Root::Replicate, find: replicate_across_reduction, reach: Reach::Node },
+    Rule { name: "partition-across-reduction", family: Family::Propagation, equation: "partition[d,q](reduce X parallel=p) = reduce partition[d,q](X) parallel=p  (built-in reducer)", root: Root::Partition, find: partition_across_reduction, reach: Reach::Node },
+    Rule { name: "tile-matmul-replicate-in", family: Family::Propagation, equation: "replicate[a](tile_matmul(A,B)) = tile_matmul(replicate[a](A), replicate[a](B))", root: Root::Replicate, find: tile_matmul_replicate_in, reach: Reach::Node },
 ];
 
 fn is_pointwise(op: &Op) -> bool {

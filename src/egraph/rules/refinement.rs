@@ -7,17 +7,17 @@ use crate::ir::{BuiltinReducer, ParKind, ReducerRef};
 #[rustfmt::skip]
 pub static RULES: &[Rule] = &[
     // name                  family               equation
-    Rule { name: "matmul-tile",     family: Family::Refinement, equation: "matmul(A,B) = tile_matmul(A,B)", root: Root::MatMul, find: matmul_tile },
-    Rule { name: "matmul-split-m",  family: Family::Refinement, equation: "matmul(A,B) = combination[M,m](tile_matmul(partition[M,m](A), replicate[m](B)))", root: Root::MatMul, find: matmul_split_m },
-    Rule { name: "matmul-split-n",  family: Family::Refinement, equation: "matmul(A,B) = combination[N,n](tile_matmul(replicate[n](A), partition[N,n](B)))", root: Root::MatMul, find: matmul_split_n },
-    Rule { name: "matmul-split-k",  family: Family::Refinement, equation: "matmul(A,B) = reduce tile_matmul(partition[K,k](A), partition[K,k](B)) parallel=k reducer=@add", root: Root::MatMul, find: matmul_split_k },
-    Rule { name: "matmul-split-mn", family: Family::Refinement, equation: "matmul(A,B) = combination[M,m](combination[N,n](tile_matmul(replicate[n](partition[M,m](A)), partition[N,n](replicate[m](B)))))", root: Root::MatMul, find: matmul_split_mn },
-    Rule { name: "matmul-split-mk", family: Family::Refinement, equation: "matmul(A,B) = combination[M,m](reduce tile_matmul(partition[K,k](partition[M,m](A)), partition[K,k](replicate[m](B))) parallel=k reducer=@add)", root: Root::MatMul, find: matmul_split_mk },
-    Rule { name: "matmul-split-nk", family: Family::Refinement, equation: "matmul(A,B) = combination[N,n](reduce tile_matmul(partition[K,k](replicate[n](A)), partition[K,k](partition[N,n](B))) parallel=k reducer=@add)", root: Root::MatMul, find: matmul_split_nk },
-    Rule { name: "matmul-split-mnk", family: Family::Refinement, equation: "matmul(A,B) = combination[M,m](combination[N,n](reduce tile_matmul(partition[K,k](replicate[n](partition[M,m](A))), partition[K,k](partition[N,n](replicate[m](B)))) parallel=k reducer=@add))", root: Root::MatMul, find: matmul_split_mnk },
-    Rule { name: "matmul-split-batch", family: Family::Refinement, equation: "matmul(A,B) = combination[Bt,b](matmul(partition[Bt,b](A), partition[Bt,b](B)))  (replicate for a broadcast operand)", root: Root::MatMul, find: matmul_split_batch },
-    Rule { name: "reduce-split-kept", family: Family::Refinement, equation: "reduce X axis=K = combination[M,m](reduce partition[M,m](X) axis=K)  (M a kept dimension)", root: Root::ReduceAxis, find: reduce_split_kept },
-    Rule { name: "reduce-split-reduced", family: Family::Refinement, equation: "reduce X axis=K reducer=@r = reduce (reduce partition[K,k](X) axis=K reducer=@r) parallel=k reducer=@r  (@r associative)", root: Root::ReduceAxis, find: reduce_split_reduced },
+    Rule { name: "matmul-tile",     family: Family::Refinement, equation: "matmul(A,B) = tile_matmul(A,B)", root: Root::MatMul, find: matmul_tile, reach: Reach::Node },
+    Rule { name: "matmul-split-m",  family: Family::Refinement, equation: "matmul(A,B) = combination[M,m](tile_matmul(partition[M,m](A), replicate[m](B)))", root: Root::MatMul, find: matmul_split_m, reach: Reach::Node },
+    Rule { name: "matmul-split-n",  family: Family::Refinement, equation: "matmul(A,B) = combination[N,n](tile_matmul(replicate[n](A), partition[N,n](B)))", root: Root::MatMul, find: matmul_split_n, reach: Reach::Node },
+    Rule { name: "matmul-split-k",  family: Family::Refinement, equation: "matmul(A,B) = reduce tile_matmul(partition[K,k](A), partition[K,k](B)) parallel=k reducer=@add", root: Root::MatMul, find: matmul_split_k, reach: Reach::Node },
+    Rule { name: "matmul-split-mn", family: Family::Refinement, equation: "matmul(A,B) = combination[M,m](combination[N,n](tile_matmul(replicate[n](partition[M,m](A)), partition[N,n](replicate[m](B)))))", root: Root::MatMul, find: matmul_split_mn, reach: Reach::Node },
+    Rule { name: "matmul-split-mk", family: Family::Refinement, equation: "matmul(A,B) = combination[M,m](reduce tile_matmul(partition[K,k](partition[M,m](A)), partition[K,k](replicate[m](B))) parallel=k reducer=@add)", root: Root::MatMul, find: matmul_split_mk, reach: Reach::Node },
+    Rule { name: "matmul-split-nk", family: Family::Refinement, equation: "matmul(A,B) = combination[N,n](reduce tile_matmul(partition[K,k](replicate[n](A)), partition[K,k](partition[N,n](B))) parallel=k reducer=@add)", root: Root::MatMul, find: matmul_split_nk, reach: Reach::Node },
+    Rule { name: "matmul-split-mnk", family: Family::Refinement, equation: "matmul(A,B) = combination[M,m](combination[N,n](reduce tile_matmul(partition[K,k](replicate[n](partition[M,m](A))), partition[K,k](partition[N,n](replicate[m](B)))) parallel=k reducer=@add))", root: Root::MatMul, find: matmul_split_mnk, reach: Reach::Node },
+    Rule { name: "matmul-split-batch", family: Family::Refinement, equation: "matmul(A,B) = combination[Bt,b](matmul(partition[Bt,b](A), partition[Bt,b](B)))  (replicate for a broadcast operand)", root: Root::MatMul, find: matmul_split_batch, reach: Reach::Node },
+    Rule { name: "reduce-split-kept", family: Family::Refinement, equation: "reduce X axis=K = combination[M,m](reduce partition[M,m](X) axis=K)  (M a kept dimension)", root: Root::ReduceAxis, find: reduce_split_kept, reach: Reach::Node },
+    Rule { name: "reduce-split-reduced", family: Family::Refinement, equation: "reduce X axis=K reducer=@r = reduce (reduce partition[K,k](X) axis=K reducer=@r) parallel=k reducer=@r  (@r associative)", root: Root::ReduceAxis, find: reduce_split_reduced, reach: Reach::Node },
 ];
 
 /// Operands and dimensions of a matmul e-node.

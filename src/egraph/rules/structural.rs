@@ -6,13 +6,13 @@ use super::*;
 #[rustfmt::skip]
 pub static RULES: &[Rule] = &[
     // name                             family                equation
-    Rule { name: "partition-of-combination", family: Family::Structural, equation: "partition[d,a](combination[d,a](x)) = x", root: Root::Partition, find: partition_of_combination },
-    Rule { name: "combination-of-partition", family: Family::Structural, equation: "combination[d,a](partition[d,a](x)) = x", root: Root::Combination, find: combination_of_partition },
-    Rule { name: "partition-replicate-swap", family: Family::Structural, equation: "partition[d,p](replicate[q](x)) = replicate[q](partition[d,p](x))", root: Root::Partition, find: partition_replicate_swap },
-    Rule { name: "replicate-partition-swap", family: Family::Structural, equation: "replicate[q](partition[d,p](x)) = partition[d,p](replicate[q](x))", root: Root::Replicate, find: replicate_partition_swap },
-    Rule { name: "partition-partition-swap", family: Family::Structural, equation: "partition[d,p](partition[e,q](x)) = partition[e,q](partition[d,p](x))", root: Root::Partition, find: partition_partition_swap },
-    Rule { name: "combination-injective",    family: Family::Structural, equation: "combination[d,a](x) = combination[d,a](y) ⇒ x = y", root: Root::Combination, find: combination_injective },
-    Rule { name: "replicate-replicate-swap", family: Family::Structural, equation: "replicate[p](replicate[q](x)) = replicate[q](replicate[p](x))", root: Root::Replicate, find: replicate_replicate_swap },
+    Rule { name: "partition-of-combination", family: Family::Structural, equation: "partition[d,a](combination[d,a](x)) = x", root: Root::Partition, find: partition_of_combination, reach: Reach::Node },
+    Rule { name: "combination-of-partition", family: Family::Structural, equation: "combination[d,a](partition[d,a](x)) = x", root: Root::Combination, find: combination_of_partition, reach: Reach::Node },
+    Rule { name: "partition-replicate-swap", family: Family::Structural, equation: "partition[d,p](replicate[q](x)) = replicate[q](partition[d,p](x))", root: Root::Partition, find: partition_replicate_swap, reach: Reach::Node },
+    Rule { name: "replicate-partition-swap", family: Family::Structural, equation: "replicate[q](partition[d,p](x)) = partition[d,p](replicate[q](x))", root: Root::Replicate, find: replicate_partition_swap, reach: Reach::Node },
+    Rule { name: "partition-partition-swap", family: Family::Structural, equation: "partition[d,p](partition[e,q](x)) = partition[e,q](partition[d,p](x))", root: Root::Partition, find: partition_partition_swap, reach: Reach::Node },
+    Rule { name: "combination-injective",    family: Family::Structural, equation: "combination[d,a](x) = combination[d,a](y) ⇒ x = y", root: Root::Combination, find: combination_injective, reach: Reach::ClassNodes },
+    Rule { name: "replicate-replicate-swap", family: Family::Structural, equation: "replicate[p](replicate[q](x)) = replicate[q](replicate[p](x))", root: Root::Replicate, find: replicate_replicate_swap, reach: Reach::Node },
 ];
 
 fn partition_of_combination(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
