@@ -49,6 +49,9 @@ DEBUGGING:
     --timing                  per-pass wall time on stderr
     --stats=json              per-pass counters as JSON on stderr
     --color=WHEN              color diagnostics: auto (default), always, never
+    --progress=WHEN           a progress line on stderr for saturate and extract runs
+                              longer than a second: auto (default: when stderr is a
+                              terminal), always, never
     -h, --help                this help
     -V, --version             version
 
@@ -75,6 +78,8 @@ pub struct Options {
     pub timing: bool,
     pub stats_json: bool,
     pub color: Option<bool>,
+    /// `--progress`: None is auto (when stderr is a terminal).
+    pub progress: Option<bool>,
 }
 
 /// Parses command-line arguments (without the program name).
@@ -155,6 +160,18 @@ pub fn parse_args(args: &[String]) -> Result<Options, String> {
                     other => {
                         return Err(format!(
                             "--color takes auto, always or never, not `{other}`"
+                        ))
+                    }
+                }
+            }
+            "--progress" => {
+                o.progress = match value("--progress")?.as_str() {
+                    "auto" => None,
+                    "always" => Some(true),
+                    "never" => Some(false),
+                    other => {
+                        return Err(format!(
+                            "--progress takes auto, always or never, not `{other}`"
                         ))
                     }
                 }
@@ -498,6 +515,9 @@ fn process_chunk(
             diagnostics: Vec::new(),
             counters: Default::default(),
             emitted: None,
+            progress: opts
+                .progress
+                .unwrap_or_else(|| std::io::stderr().is_terminal()),
         };
         let t0 = Instant::now();
         let result = pass.run(&mut module, &mut cx);

@@ -1700,7 +1700,21 @@ pub struct Extractor {
     /// Prune partial programs that no completion gives a launch order (on by default; off
     /// only to show, in tests, that it loses no candidate).
     pub prune_no_launch_order: bool,
+    /// Called about four times a second once a run passes one second (`ExtractProgress`).
+    pub progress: Option<ProgressFn>,
 }
+
+/// Where a long extraction stands: what a progress line shows.
+#[derive(Clone, Copy, Debug)]
+pub struct ExtractProgress {
+    pub expanded: usize,
+    pub complete: usize,
+    pub distinct: usize,
+    pub worklist: usize,
+    pub seconds: f64,
+}
+
+pub type ProgressFn = std::sync::Arc<dyn Fn(&ExtractProgress) + Send + Sync>;
 
 /// A backend's lowerability test for complete candidates (the extractor does not depend on
 /// any backend).
@@ -1717,6 +1731,7 @@ impl Default for Extractor {
             lowerable: None,
             hole_context: HoleContext::Forms,
             prune_no_launch_order: true,
+            progress: None,
         }
     }
 }
@@ -1754,6 +1769,11 @@ impl Extractor {
 
     pub fn with_no_launch_order_pruning(mut self, on: bool) -> Self {
         self.prune_no_launch_order = on;
+        self
+    }
+
+    pub fn with_progress(mut self, report: ProgressFn) -> Self {
+        self.progress = Some(report);
         self
     }
 
@@ -1816,11 +1836,26 @@ impl Extractor {
         let mut equivalent = 0usize;
         let mut not_lowerable = 0usize;
         let mut first_refusal: Option<String> = None;
+        // Progress reports start after one second, then every quarter second.
+        let mut next_report = Duration::from_secs(1);
         while let Some((_, _, at)) = worklist.pop() {
             taken += 1;
-            if (taken == 1 || taken % 256 == 0) && start.elapsed() > self.time_limit {
-                stop = ExtractStop::TimeLimit(self.time_limit.as_secs_f64());
-                break;
+            if taken == 1 || taken % 256 == 0 {
+                let elapsed = start.elapsed();
+                if elapsed > self.time_limit {
+                    stop = ExtractStop::TimeLimit(self.time_limit.as_secs_f64());
+                    break;
+                }
+                if let Some(report) = self.progress.as_ref().filter(|_| elapsed >= next_report) {
+                    next_report = elapsed + Duration::from_millis(250);
+                    report(&ExtractProgress {
+                        expanded,
+                        complete,
+                        distinct: distinct.len(),
+                        worklist: worklist.len(),
+                        seconds: elapsed.as_secs_f64(),
+                    });
+                }
             }
             s.iter_mut().for_each(|n| *n = NONE);
             picks.clear();

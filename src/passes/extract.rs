@@ -124,10 +124,24 @@ impl Pass for ExtractPass {
                     continue;
                 }
             };
-            let report = extractor
+            let mut extractor = extractor
                 .clone()
-                .with_lowerable(lower_check(g.egraph.analysis.env.reducers()))
-                .run(&x);
+                .with_lowerable(lower_check(g.egraph.analysis.env.reducers()));
+            let shown = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            if cx.progress {
+                let (name, shown) = (g.name.clone(), shown.clone());
+                extractor = extractor.with_progress(std::sync::Arc::new(move |p| {
+                    shown.store(true, std::sync::atomic::Ordering::Relaxed);
+                    eprint!(
+                        "\r// extract @{name}: {} expanded, {} complete, {} distinct, {} waiting, {:.1} s   ",
+                        p.expanded, p.complete, p.distinct, p.worklist, p.seconds
+                    );
+                }));
+            }
+            let report = extractor.run(&x);
+            if shown.load(std::sync::atomic::Ordering::Relaxed) {
+                eprintln!();
+            }
             if report.stop != crate::egraph::extract::ExtractStop::Exhausted {
                 cx.diagnostics.push(Diagnostic::global(
                     Severity::Remark,

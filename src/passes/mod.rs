@@ -31,6 +31,9 @@ pub struct PassContext<'a> {
     pub counters: BTreeMap<String, serde_json::Value>,
     /// Code a backend pass emitted: the pipeline's output instead of the IR.
     pub emitted: Option<String>,
+    /// Whether passes that run longer than a second write a progress line to stderr
+    /// (`--progress`; by default when stderr is a terminal).
+    pub progress: bool,
 }
 
 pub trait Pass {

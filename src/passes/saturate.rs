@@ -7,7 +7,6 @@ use crate::egraph::rules::{all_rules, Family};
 use crate::egraph::runner::Runner;
 use crate::egraph::TypedEGraph;
 use crate::ir::{EGraphDump, Module};
-use std::io::IsTerminal;
 use std::time::Duration;
 
 pub fn saturate_info() -> PassInfo {
@@ -117,7 +116,7 @@ impl Pass for SaturatePass {
         let mut dumps: Vec<EGraphDump> = Vec::new();
         let mut per_graph = Vec::new();
         let mut errors = Vec::new();
-        let show_progress = std::io::stderr().is_terminal();
+        let show_progress = cx.progress;
         for mut g in graphs {
             let name = g.name.clone();
             let mut runner = Runner::default()
