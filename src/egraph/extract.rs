@@ -113,8 +113,8 @@ pub struct ExtractReport {
     pub complete: usize,
     /// Complete programs rejected for having no kernel launch order.
     pub rejected: usize,
-    /// Partial programs pruned because no completion has a launch order (see
-    /// `launch_order_impossible`).
+    /// Partial programs pruned because no completion has a launch order, and complete ones
+    /// refused by the same test before they are rebuilt (see `launch_order_impossible`).
     pub no_launch_order: usize,
     /// Partial or complete programs pruned for needing more than `max_kernels` kernels.
     pub over_kernels: usize,
@@ -1928,6 +1928,14 @@ impl Extractor {
                 }
             }
             let Some(h) = hole else {
+                // The partial test is exact enough to refuse most such programs before they
+                // are rebuilt as functions; `summarize` below decides the rest.
+                if self.prune_no_launch_order
+                    && launch_order_impossible(x, &s, &visited, &picks, &mut launch_scratch)
+                {
+                    no_launch_order += 1;
+                    continue;
+                }
                 let mut program = reconstruct(x, &s, "");
                 if !no_dead_components(&program, &x.g.egraph.analysis.env) {
                     continue;
