@@ -479,12 +479,12 @@ fn node_cost(
 
 /// Estimated work of a partial program: the pick costs of its reachable resolved classes,
 /// each counted once, plus the cheapest cost of each hole. Exact for complete programs.
-fn estimate(x: &ExtractGraph, choice: &Choice, visited: &[bool], holes: &[u32]) -> u64 {
-    let picked = visited
+fn estimate(x: &ExtractGraph, choice: &Choice, met: &[u32], holes: &[u32]) -> u64 {
+    let picked = met
         .iter()
-        .enumerate()
-        .filter(|(c, v)| **v && choice[*c] != NONE)
-        .fold(0u64, |t, (c, _)| {
+        .map(|c| *c as usize)
+        .filter(|c| choice[*c] != NONE)
+        .fold(0u64, |t, c| {
             t.saturating_add(x.pick_cost[c][choice[c] as usize])
         });
     holes
@@ -897,33 +897,64 @@ fn type_info(ty: Option<&Type>) -> KeyInfo {
     }
 }
 
-/// Walks a partial program from its results: its canonical form and its holes, in
-/// depth-first order.
-struct Walk<'g, 'a> {
-    x: &'g ExtractGraph<'a>,
-    choice: &'g Choice,
+/// What a walk of a partial program found. Reused from one partial program to the next, so
+/// the cost of a walk follows the program's size, not the e-graph's: only the entries the
+/// last walk set are reset.
+#[derive(Default)]
+struct WalkFacts {
+    /// Canonical id per class (`NONE`: not met, or a chain intermediate).
     memo: Vec<u32>,
     /// Every class the walk met, chain intermediates included (`memo` skips those).
     visited: Vec<bool>,
+    /// The classes of `visited`, in the order the walk met them.
+    met: Vec<u32>,
+    /// Unresolved classes, in depth-first order.
     holes: Vec<u32>,
 }
 
-impl<'g, 'a> Walk<'g, 'a> {
-    /// Walks `choice` from every result: the walk's facts and the results' canonical ids.
+impl WalkFacts {
+    fn reset(&mut self, classes: usize) {
+        if self.memo.len() != classes {
+            self.memo = vec![NONE; classes];
+            self.visited = vec![false; classes];
+        } else {
+            for &c in &self.met {
+                self.memo[c as usize] = NONE;
+                self.visited[c as usize] = false;
+            }
+        }
+        self.met.clear();
+        self.holes.clear();
+    }
+
+    fn visit(&mut self, c: u32) {
+        if !self.visited[c as usize] {
+            self.visited[c as usize] = true;
+            self.met.push(c);
+        }
+    }
+}
+
+/// Walks a partial program from its results: its canonical form and its holes, in
+/// depth-first order.
+struct Walk<'g, 'a, 'f> {
+    x: &'g ExtractGraph<'a>,
+    choice: &'g Choice,
+    facts: &'f mut WalkFacts,
+}
+
+impl<'g, 'a, 'f> Walk<'g, 'a, 'f> {
+    /// Walks `choice` from every result into `facts` (cleared first): the results'
+    /// canonical ids.
     fn roots(
         x: &'g ExtractGraph<'a>,
         choice: &'g Choice,
         interner: &mut Interner,
-    ) -> (Walk<'g, 'a>, Vec<u32>) {
-        let mut walk = Walk {
-            x,
-            choice,
-            memo: vec![NONE; x.ids.len()],
-            visited: vec![false; x.ids.len()],
-            holes: Vec::new(),
-        };
-        let roots = x.roots.iter().map(|r| walk.canon(*r, interner)).collect();
-        (walk, roots)
+        facts: &'f mut WalkFacts,
+    ) -> Vec<u32> {
+        facts.reset(x.ids.len());
+        let mut walk = Walk { x, choice, facts };
+        x.roots.iter().map(|r| walk.canon(*r, interner)).collect()
     }
 
     /// The canonical id of class `c` under the walk's picks. Normalisation only looks at the
@@ -931,14 +962,14 @@ impl<'g, 'a> Walk<'g, 'a> {
     /// form and the forms of its holes' completions decide the completed program's form: what
     /// early compaction's pruning needs.
     fn canon(&mut self, c: u32, interner: &mut Interner) -> u32 {
-        if self.memo[c as usize] != NONE {
-            return self.memo[c as usize];
+        if self.facts.memo[c as usize] != NONE {
+            return self.facts.memo[c as usize];
         }
-        self.visited[c as usize] = true;
+        self.facts.visit(c);
         let info = class_info(self.x, c);
         let id = match self.x.op(c, self.choice) {
             None => {
-                self.holes.push(c);
+                self.facts.holes.push(c);
                 interner.intern(Key::Hole(c), info)
             }
             Some((n, kids))
@@ -962,7 +993,7 @@ impl<'g, 'a> Walk<'g, 'a> {
                     .op(cur, self.choice)
                     .filter(|(m, _)| same_kind(&m.op, cur))
                 {
-                    self.visited[cur as usize] = true;
+                    self.facts.visit(cur);
                     chain.push(m.op.clone());
                     cur = k[0];
                 }
@@ -979,7 +1010,7 @@ impl<'g, 'a> Walk<'g, 'a> {
             Some((n, kids)) => {
                 let ks: Vec<u32> = kids.iter().map(|k| self.canon(*k, interner)).collect();
                 if let Some(id) = interner.collection_fold(&n.op, &ks, info) {
-                    self.memo[c as usize] = id;
+                    self.facts.memo[c as usize] = id;
                     return id;
                 }
                 // A pointwise operator on partly combined tiles (the result is still tiled, so
@@ -999,7 +1030,7 @@ impl<'g, 'a> Walk<'g, 'a> {
                 }
             }
         };
-        self.memo[c as usize] = id;
+        self.facts.memo[c as usize] = id;
         id
     }
 }
@@ -1008,7 +1039,7 @@ impl<'g, 'a> Walk<'g, 'a> {
 /// two candidates are ≈ exactly when their canonical texts are equal.
 pub fn canonical_text(x: &ExtractGraph, choice: &Choice) -> String {
     let mut interner = Interner::default();
-    let (_, roots) = Walk::roots(x, choice, &mut interner);
+    let roots = Walk::roots(x, choice, &mut interner, &mut WalkFacts::default());
     // Commutative operands in text order: interned ids depend on the order of interning,
     // which differs between interners, while the text does not.
     fn render(i: &Interner, id: u32, memo: &mut FxHashMap<u32, String>) -> String {
@@ -1168,10 +1199,10 @@ fn no_dead_components(f: &Function, env: &crate::passes::typing::TypeEnv) -> boo
 /// tiled region is at least one more, and a computed tensor-level value read by another
 /// operator was written by one kernel and read by another. Classes with one canonical form
 /// (`memo`) are one node of the program, so they count once.
-fn kernel_lower_bound(x: &ExtractGraph, choice: &Choice, visited: &[bool], memo: &[u32]) -> usize {
+fn kernel_lower_bound(x: &ExtractGraph, choice: &Choice, met: &[u32], memo: &[u32]) -> usize {
     let (mut default_tiled, mut region, mut stored_read) = (FxHashSet::default(), false, false);
-    for (c, v) in visited.iter().enumerate() {
-        if !*v || choice[c] == NONE {
+    for c in met.iter().map(|c| *c as usize) {
+        if choice[c] == NONE {
             continue;
         }
         let (node, kids) = &x.nodes[c][choice[c] as usize];
@@ -1430,14 +1461,14 @@ fn loads_only_after_pick(x: &ExtractGraph, choice: &Choice, h: u32) -> bool {
 fn computed_once(
     x: &ExtractGraph,
     choice: &Choice,
-    visited: &[bool],
+    (visited, met): (&[bool], &[u32]),
     complete: bool,
     scratch: &mut OnceScratch,
 ) -> bool {
     let picked = |k: usize| visited[k] && choice[k] != NONE;
     // What class `k` can be read from through views (`replicated`: the view above it is a
-    // replicate), memoised per (class, replicated) in `memo[2k + replicated]`: `UNKNOWN`, or a
-    // `Source` encoded by `Source::code`.
+    // replicate), memoised per (class, replicated) in `memo[2k + replicated]`: a `Source`
+    // encoded by `Source::code`, valid only if it carries this call's generation.
     fn source(
         x: &ExtractGraph,
         choice: &Choice,
@@ -1445,11 +1476,11 @@ fn computed_once(
         complete: bool,
         k: u32,
         replicated: bool,
-        memo: &mut [u32],
+        (memo, generation): (&mut [u64], u32),
     ) -> Source {
         let slot = 2 * k as usize + usize::from(replicated);
-        if memo[slot] != UNKNOWN {
-            return Source::decode(memo[slot]);
+        if (memo[slot] >> 32) as u32 == generation {
+            return Source::decode(memo[slot] as u32);
         }
         let ku = k as usize;
         let r = if picked(ku) {
@@ -1462,7 +1493,15 @@ fn computed_once(
                 }
             } else if is_view(&n.op) {
                 let rep = matches!(n.op, Op::Replicate(_));
-                source(x, choice, picked, complete, kids[0], rep, memo)
+                source(
+                    x,
+                    choice,
+                    picked,
+                    complete,
+                    kids[0],
+                    rep,
+                    (memo, generation),
+                )
             } else if replicated {
                 Source::Value(k)
             } else {
@@ -1481,36 +1520,40 @@ fn computed_once(
                 .filter(|(n, _)| is_view(&n.op))
                 .map(|(n, kids)| {
                     let rep = matches!(n.op, Op::Replicate(_));
-                    source(x, choice, picked, complete, kids[0], rep, memo)
+                    source(
+                        x,
+                        choice,
+                        picked,
+                        complete,
+                        kids[0],
+                        rep,
+                        (&mut *memo, generation),
+                    )
                 })
                 .find(|s| matches!(s, Source::Value(_)))
                 .unwrap_or(Source::Nothing)
         };
-        memo[slot] = r.code();
+        memo[slot] = (u64::from(generation) << 32) | u64::from(r.code());
         r
     }
+    let generation = scratch.next_generation(x.ids.len());
     let OnceScratch {
         memo,
         chain_use,
         other_use,
         seen,
+        ..
     } = scratch;
-    memo.clear();
-    memo.resize(2 * x.ids.len(), UNKNOWN);
     // ≈ does not see how a chain of one associative operator is grouped in a kernel, so
     // neither may this check: a class that is only an intermediate of such a chain (never
     // used otherwise, not a result) is no value of its own. (Judging it made validity differ
     // between ≈ programs, and which one early compaction kept decided whether the class
     // survived.)
-    chain_use.clear();
-    chain_use.resize(x.ids.len(), false);
-    other_use.clear();
-    other_use.resize(x.ids.len(), false);
     for r in &x.roots {
-        other_use[*r as usize] = true;
+        other_use[*r as usize] = generation;
     }
-    for (p, v) in visited.iter().enumerate() {
-        if !*v || choice[p] == NONE {
+    for p in met.iter().map(|p| *p as usize) {
+        if choice[p] == NONE {
             continue;
         }
         let (node, kids) = &x.nodes[p][choice[p] as usize];
@@ -1524,21 +1567,30 @@ fn computed_once(
                     class_tiled(x, k),
                 );
             if link {
-                chain_use[ku] = true;
+                chain_use[ku] = generation;
             } else {
-                other_use[ku] = true;
+                other_use[ku] = generation;
             }
         }
     }
-    for (c, v) in visited.iter().enumerate() {
+    for c in met.iter().map(|c| *c as usize) {
         let n = choice[c];
-        if !*v || n == NONE || !class_tiled(x, c as u32) || (chain_use[c] && !other_use[c]) {
+        let chain_only = chain_use[c] == generation && other_use[c] != generation;
+        if n == NONE || !class_tiled(x, c as u32) || chain_only {
             continue;
         }
         let (node, kids) = &x.nodes[c][n as usize];
-        let views_of = |n: &ENode, kids: &[u32], memo: &mut [u32]| {
+        let views_of = |n: &ENode, kids: &[u32], memo: &mut [u64]| {
             let rep = matches!(n.op, Op::Replicate(_));
-            source(x, choice, &picked, complete, kids[0], rep, memo)
+            source(
+                x,
+                choice,
+                &picked,
+                complete,
+                kids[0],
+                rep,
+                (memo, generation),
+            )
         };
         if is_view(&node.op) && views_of(node, kids, memo) != Source::Nothing {
             continue; // written as views of a computed value, or may still be
@@ -1568,9 +1620,6 @@ enum Source {
     Open,
 }
 
-/// `computed_once`'s memo slot for a source not looked up yet.
-const UNKNOWN: u32 = u32::MAX;
-
 impl Source {
     /// Dense encoding for the memo: class indices stay below `u32::MAX - 2`.
     fn code(self) -> u32 {
@@ -1591,12 +1640,31 @@ impl Source {
 }
 
 /// Buffers `computed_once` reuses from one partial program to the next.
+/// Scratch space for `computed_once`, reused across calls: an entry of `memo`, `chain_use`
+/// or `other_use` counts only when it carries the current call's generation, so no call
+/// clears arrays the size of the e-graph.
 struct OnceScratch {
-    memo: Vec<u32>,
-    chain_use: Vec<bool>,
-    other_use: Vec<bool>,
+    /// Per (class, replicated): generation in the high half, `Source::code` in the low.
+    memo: Vec<u64>,
+    chain_use: Vec<u32>,
+    other_use: Vec<u32>,
+    generation: u32,
     /// For `reaches`.
     seen: Marks,
+}
+
+impl OnceScratch {
+    fn next_generation(&mut self, classes: usize) -> u32 {
+        self.generation = self.generation.wrapping_add(1);
+        if self.generation == 0 || self.chain_use.len() != classes {
+            // First use, or the generations wrapped around: start afresh.
+            self.memo = vec![0; 2 * classes];
+            self.chain_use = vec![0; classes];
+            self.other_use = vec![0; classes];
+            self.generation = 1;
+        }
+        self.generation
+    }
 }
 
 /// What a partial program fixes, beyond its canonical form, that can still change how its
@@ -1612,7 +1680,7 @@ struct OnceScratch {
 /// lets differently written partial programs meet.
 fn hole_context(
     x: &ExtractGraph,
-    s: &Choice,
+    (s, sorted_picks): (&Choice, &[u32]),
     holes: &[u32],
     memo: &[u32],
     by: HoleContext,
@@ -1625,13 +1693,14 @@ fn hole_context(
     }
     // Canonical ids and pick indices both stay below 2^31: the top bit tells them apart.
     const FORM: u64 = 1 << 31;
-    s.iter()
-        .enumerate()
-        .filter(|(c, n)| **n != NONE && x.nodes[*c].len() > 1 && reach[c / 64] >> (c % 64) & 1 == 1)
+    sorted_picks
+        .iter()
+        .map(|c| (*c as usize, s[*c as usize]))
+        .filter(|(c, _)| x.nodes[*c].len() > 1 && reach[c / 64] >> (c % 64) & 1 == 1)
         .map(|(c, n)| {
             let value = match (by, memo[c]) {
                 (HoleContext::Forms, id) if id != NONE => FORM | u64::from(id),
-                _ => u64::from(*n),
+                _ => u64::from(n),
             };
             ((c as u64) << 32) | value
         })
@@ -1816,11 +1885,13 @@ impl Extractor {
         worklist.push((Reverse(root_cost), 0, 0));
         let mut pushed = 0u64;
         let mut s: Choice = vec![NONE; classes];
+        let (mut facts, mut class_facts) = (WalkFacts::default(), WalkFacts::default());
         let mut scratch = Marks::new(classes);
         let mut once_scratch = OnceScratch {
             memo: Vec::new(),
             chain_use: Vec::new(),
             other_use: Vec::new(),
+            generation: 0,
             seen: Marks::new(classes),
         };
         let (mut expanded, mut complete, mut rejected) = (0usize, 0usize, 0usize);
@@ -1828,6 +1899,7 @@ impl Extractor {
         let mut launch_scratch = LaunchScratch::default();
         // The classes the program being looked at has picked.
         let mut picks: Vec<u32> = Vec::new();
+        let mut sorted_picks: Vec<u32> = Vec::new();
         let mut candidates = Vec::new();
         let mut stop = ExtractStop::Exhausted;
         let mut taken = 0usize;
@@ -1857,7 +1929,10 @@ impl Extractor {
                     });
                 }
             }
-            s.iter_mut().for_each(|n| *n = NONE);
+            // Only the last program's picks are set: clearing them clears `s`.
+            for &c in &picks {
+                s[c as usize] = NONE;
+            }
             picks.clear();
             let mut link = at;
             while link != 0 {
@@ -1866,13 +1941,16 @@ impl Extractor {
                 picks.push(c);
                 link = parent;
             }
-            let (walk, form) = Walk::roots(x, &s, &mut interner);
-            let Walk {
+            sorted_picks.clear();
+            sorted_picks.extend_from_slice(&picks);
+            sorted_picks.sort_unstable();
+            let form = Walk::roots(x, &s, &mut interner, &mut facts);
+            let WalkFacts {
                 visited,
                 holes,
                 memo,
-                ..
-            } = walk;
+                met,
+            } = &facts;
             // By default the most constrained hole first: forced picks cost one expansion each
             // and never branch, and an early forced pick exposes dead ends sooner.
             let hole = match self.hole_order {
@@ -1886,27 +1964,27 @@ impl Extractor {
                     .copied()
                     .max_by_key(|h| x.nodes[*h as usize].len()),
             };
-            let cost = estimate(x, &s, &visited, &holes);
+            let cost = estimate(x, &s, met, holes);
             if let Some(max) = self.max_kernels {
-                if kernel_lower_bound(x, &s, &visited, &memo) > max {
+                if kernel_lower_bound(x, &s, met, memo) > max {
                     over_kernels += 1;
                     continue;
                 }
             }
-            if !computed_once(x, &s, &visited, holes.is_empty(), &mut once_scratch) {
+            if !computed_once(x, &s, (visited, met), holes.is_empty(), &mut once_scratch) {
                 recomputed += 1;
                 continue;
             }
             if self.prune_no_launch_order
                 && !holes.is_empty()
-                && launch_order_impossible(x, &s, &visited, &picks, &mut launch_scratch)
+                && launch_order_impossible(x, &s, visited, &picks, &mut launch_scratch)
             {
                 no_launch_order += 1;
                 continue;
             }
             // The ≈ class of a complete program.
             let class_form = if holes.is_empty() {
-                Walk::roots(x, &s, &mut class_interner).1
+                Walk::roots(x, &s, &mut class_interner, &mut class_facts)
             } else {
                 Vec::new()
             };
@@ -1919,7 +1997,7 @@ impl Extractor {
                 } else {
                     !seen.insert((
                         form.clone(),
-                        hole_context(x, &s, &holes, &memo, self.hole_context),
+                        hole_context(x, (&s, &sorted_picks), holes, memo, self.hole_context),
                     ))
                 };
                 if pruned {
@@ -1931,7 +2009,7 @@ impl Extractor {
                 // The partial test is exact enough to refuse most such programs before they
                 // are rebuilt as functions; `summarize` below decides the rest.
                 if self.prune_no_launch_order
-                    && launch_order_impossible(x, &s, &visited, &picks, &mut launch_scratch)
+                    && launch_order_impossible(x, &s, visited, &picks, &mut launch_scratch)
                 {
                     no_launch_order += 1;
                     continue;
@@ -2138,10 +2216,11 @@ pub fn reconstruct(x: &ExtractGraph, choice: &Choice, name: &str) -> Function {
 /// view chain written in two orders, say); the program computes such a value once, so that
 /// kernels, stores and validity depend only on the candidate's canonical form.
 fn shared_classes(x: &ExtractGraph, choice: &Choice) -> Vec<u32> {
-    let (walk, _) = Walk::roots(x, choice, &mut Interner::default());
+    let mut facts = WalkFacts::default();
+    Walk::roots(x, choice, &mut Interner::default(), &mut facts);
     let mut first: FxHashMap<u32, u32> = FxHashMap::default();
     (0..x.ids.len() as u32)
-        .map(|c| match walk.memo[c as usize] {
+        .map(|c| match facts.memo[c as usize] {
             NONE => c,
             id => *first.entry(id).or_insert(c),
         })
