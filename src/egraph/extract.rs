@@ -574,7 +574,7 @@ fn view_rank(op: &Op) -> (u8, usize, &'static str) {
 }
 
 /// What normalisation needs to know of a canonical term: facts of its type. They are part of
-/// a form's identity (`Interner::map`), so equal forms share them by construction.
+/// a form's identity (`Interner::table`), so equal forms share them by construction.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct KeyInfo {
     /// Has a parallel state: computed inside a kernel (or a view of a load).
@@ -587,10 +587,11 @@ struct KeyInfo {
 /// Exact interning of canonical terms: equal ids ⇔ equal canonical forms.
 #[derive(Default)]
 struct Interner {
-    /// Keyed with the facts too: a collection fold gives `reduce … parallel=` a tiled result
-    /// where the operator itself may store it, and the two must not share a form (which
-    /// one was interned first decided how replicas sank through it).
-    map: FxHashMap<(Key, KeyInfo), u32>,
+    /// Ids by the hash of (key, facts); each key is stored once, in `keys`. Keyed with the
+    /// facts too: a collection fold gives `reduce … parallel=` a tiled result where the
+    /// operator itself may store it, and the two must not share a form (which one was
+    /// interned first decided how replicas sank through it).
+    table: hashbrown::HashTable<u32>,
     keys: Vec<Key>,
     info: Vec<KeyInfo>,
     /// Keep a fold over a stored collection (one outside any kernel, read back by every
@@ -601,14 +602,25 @@ struct Interner {
 
 impl Interner {
     fn intern(&mut self, k: Key, info: KeyInfo) -> u32 {
-        let entry = (k, info);
-        if let Some(id) = self.map.get(&entry) {
+        fn hash(k: &Key, info: KeyInfo) -> u64 {
+            use std::hash::BuildHasher;
+            rustc_hash::FxBuildHasher.hash_one((k, info))
+        }
+        let Interner {
+            table,
+            keys,
+            info: infos,
+            ..
+        } = self;
+        let h = hash(&k, info);
+        let same = |id: &u32| infos[*id as usize] == info && keys[*id as usize] == k;
+        if let Some(id) = table.find(h, same) {
             return *id;
         }
-        let id = self.keys.len() as u32;
-        self.keys.push(entry.0.clone());
-        self.info.push(info);
-        self.map.insert(entry, id);
+        let id = keys.len() as u32;
+        keys.push(k);
+        infos.push(info);
+        table.insert_unique(h, id, |id| hash(&keys[*id as usize], infos[*id as usize]));
         id
     }
 
