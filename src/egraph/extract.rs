@@ -2282,7 +2282,110 @@ pub fn summarize(f: &mut Function) -> Summary {
 
 #[cfg(test)]
 mod tests {
-    use super::Marks;
+    use super::*;
+
+    /// Random partial and complete programs of a saturated example, built top-down as the
+    /// extractor builds them (a valid e-node for a hole, no cycle), each a different size.
+    fn random_programs(x: &ExtractGraph, count: usize, seed: u64) -> Vec<Choice> {
+        let mut state = seed;
+        let mut next = move |n: usize| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % n as u64) as usize
+        };
+        let mut marks = Marks::new(x.ids.len());
+        let mut programs = Vec::new();
+        for _ in 0..count {
+            let mut s: Choice = vec![NONE; x.ids.len()];
+            let steps = next(60);
+            for _ in 0..steps {
+                let mut facts = WalkFacts::default();
+                Walk::roots(x, &s, &mut Interner::default(), &mut facts);
+                if facts.holes.is_empty() {
+                    break;
+                }
+                let h = facts.holes[next(facts.holes.len())];
+                let options: Vec<u32> = (0..x.nodes[h as usize].len() as u32)
+                    .filter(|i| {
+                        let kids = &x.nodes[h as usize][*i as usize].1;
+                        !reaches(x, &s, kids, h, false, &mut marks)
+                    })
+                    .collect();
+                if options.is_empty() {
+                    break;
+                }
+                s[h as usize] = options[next(options.len())];
+            }
+            programs.push(s);
+        }
+        programs
+    }
+
+    /// The facts and scratch space the extractor reuses from one partial program to the next
+    /// give what fresh ones give: a reset that left an entry of the last program behind
+    /// would change canonical forms, holes or validity.
+    #[test]
+    fn reused_walk_facts_and_scratch_give_what_fresh_ones_give() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(root.join("examples/rmsnorm_gemm.ef")).unwrap();
+        let mut m = crate::parse::parse_module(&text, 0).unwrap();
+        crate::passes::verify::verify_module(&mut m).unwrap();
+        let mut g = TypedEGraph::from_function(&m.funcs[0], &m.reducers).unwrap();
+        crate::egraph::runner::Runner::default().run(&mut g, &crate::egraph::rules::all_rules());
+        let x = ExtractGraph::new(&g).unwrap();
+        let programs = random_programs(&x, 300, 0x9e37_79b9_7f4a_7c15);
+        assert!(programs
+            .iter()
+            .any(|s| s.iter().filter(|n| **n != NONE).count() > 20));
+        let mut interner = Interner::default();
+        let mut reused = WalkFacts::default();
+        let fresh_scratch = |classes: usize| OnceScratch {
+            memo: Vec::new(),
+            chain_use: Vec::new(),
+            other_use: Vec::new(),
+            generation: 0,
+            seen: Marks::new(classes),
+        };
+        let mut reused_scratch = fresh_scratch(x.ids.len());
+        let mut checked = [0usize; 2];
+        for (i, s) in programs.iter().enumerate() {
+            let form = Walk::roots(&x, s, &mut interner, &mut reused);
+            let mut fresh = WalkFacts::default();
+            let expected = Walk::roots(&x, s, &mut interner, &mut fresh);
+            assert_eq!(form, expected, "program {i}: canonical form");
+            assert_eq!(reused.memo, fresh.memo, "program {i}: canonical ids");
+            assert_eq!(
+                reused.visited, fresh.visited,
+                "program {i}: visited classes"
+            );
+            assert_eq!(reused.met, fresh.met, "program {i}: classes met");
+            assert_eq!(reused.holes, fresh.holes, "program {i}: holes");
+            let complete = fresh.holes.is_empty();
+            if i == 150 {
+                // Across a wrap of the generation counter too.
+                reused_scratch.generation = u32::MAX;
+            }
+            let once = computed_once(
+                &x,
+                s,
+                (&reused.visited, &reused.met),
+                complete,
+                &mut reused_scratch,
+            );
+            let expected_once = computed_once(
+                &x,
+                s,
+                (&fresh.visited, &fresh.met),
+                complete,
+                &mut fresh_scratch(x.ids.len()),
+            );
+            assert_eq!(once, expected_once, "program {i}: computed once");
+            checked[usize::from(once)] += 1;
+        }
+        // Both verdicts occur, so the comparison says something about each.
+        assert!(checked[0] > 0 && checked[1] > 0, "verdicts: {checked:?}");
+    }
 
     #[test]
     fn marks_are_empty_after_each_clear_even_when_the_generation_wraps() {
