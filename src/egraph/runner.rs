@@ -170,7 +170,7 @@ impl Runner {
             iterations += 1;
             // Search: proposals from a snapshot of the e-graph, in a deterministic order.
             let mut classes: Vec<Id> = g.egraph.classes().map(|c| c.id).collect();
-            classes.sort();
+            classes.sort_unstable();
             index_parallel_reductions(g, &classes);
             let t_search = Instant::now();
             // Semi-naive search: a local rule only searches again the e-nodes near a change since
@@ -348,7 +348,7 @@ impl Runner {
                     .chain(added.classes.iter())
                     .map(|c| g.egraph.find(*c))
                     .collect();
-                changed.sort();
+                changed.sort_unstable();
                 changed.dedup();
                 dirty_log.push(Change {
                     classes: changed,
@@ -481,7 +481,7 @@ impl Scope {
             new
         };
         let mut changed: Vec<Id> = changed.map(|c| eg.find(*c)).collect();
-        changed.sort();
+        changed.sort_unstable();
         changed.dedup();
         let mut near = changed.clone();
         for &c in &changed {
@@ -505,7 +505,7 @@ impl Scope {
                 }
             }
         }
-        classes.sort();
+        classes.sort_unstable();
         Scope {
             classes,
             marks,
