@@ -152,30 +152,8 @@ pub fn parse_args(args: &[String]) -> Result<Options, String> {
                 "json" => o.stats_json = true,
                 other => return Err(format!("--stats supports `json`, not `{other}`")),
             },
-            "--color" => {
-                o.color = match value("--color")?.as_str() {
-                    "auto" => None,
-                    "always" => Some(true),
-                    "never" => Some(false),
-                    other => {
-                        return Err(format!(
-                            "--color takes auto, always or never, not `{other}`"
-                        ))
-                    }
-                }
-            }
-            "--progress" => {
-                o.progress = match value("--progress")?.as_str() {
-                    "auto" => None,
-                    "always" => Some(true),
-                    "never" => Some(false),
-                    other => {
-                        return Err(format!(
-                            "--progress takes auto, always or never, not `{other}`"
-                        ))
-                    }
-                }
-            }
+            "--color" => o.color = when("--color", &value("--color")?)?,
+            "--progress" => o.progress = when("--progress", &value("--progress")?)?,
             "-" => positional.push(arg.clone()),
             s if s.starts_with('-') => return Err(format!("unknown option `{arg}` (see --help)")),
             _ => positional.push(arg.clone()),
@@ -191,6 +169,18 @@ pub fn parse_args(args: &[String]) -> Result<Options, String> {
     }
     o.input = positional.pop();
     Ok(o)
+}
+
+/// An `auto|always|never` option: `None` for auto (the caller decides from the terminal).
+fn when(option: &str, v: &str) -> Result<Option<bool>, String> {
+    match v {
+        "auto" => Ok(None),
+        "always" => Ok(Some(true)),
+        "never" => Ok(Some(false)),
+        other => Err(format!(
+            "{option} takes auto, always or never, not `{other}`"
+        )),
+    }
 }
 
 pub fn list_passes() -> String {

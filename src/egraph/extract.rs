@@ -1481,15 +1481,21 @@ fn computed_once(
     // What class `k` can be read from through views (`replicated`: the view above it is a
     // replicate), memoised per (class, replicated) in `memo[2k + replicated]`: a `Source`
     // encoded by `Source::code`, valid only if it carries this call's generation.
-    fn source(
-        x: &ExtractGraph,
-        choice: &Choice,
-        picked: &dyn Fn(usize) -> bool,
+    struct Program<'p> {
+        x: &'p ExtractGraph<'p>,
+        choice: &'p Choice,
+        picked: &'p dyn Fn(usize) -> bool,
         complete: bool,
-        k: u32,
-        replicated: bool,
-        (memo, generation): (&mut [u64], u32),
-    ) -> Source {
+        generation: u32,
+    }
+    fn source(p: &Program, k: u32, replicated: bool, memo: &mut [u64]) -> Source {
+        let Program {
+            x,
+            choice,
+            picked,
+            complete,
+            generation,
+        } = *p;
         let slot = 2 * k as usize + usize::from(replicated);
         if (memo[slot] >> 32) as u32 == generation {
             return Source::decode(memo[slot] as u32);
@@ -1504,16 +1510,7 @@ fn computed_once(
                     Source::Value(k)
                 }
             } else if is_view(&n.op) {
-                let rep = matches!(n.op, Op::Replicate(_));
-                source(
-                    x,
-                    choice,
-                    picked,
-                    complete,
-                    kids[0],
-                    rep,
-                    (memo, generation),
-                )
+                source(p, kids[0], matches!(n.op, Op::Replicate(_)), memo)
             } else if replicated {
                 Source::Value(k)
             } else {
@@ -1530,25 +1527,21 @@ fn computed_once(
             x.nodes[ku]
                 .iter()
                 .filter(|(n, _)| is_view(&n.op))
-                .map(|(n, kids)| {
-                    let rep = matches!(n.op, Op::Replicate(_));
-                    source(
-                        x,
-                        choice,
-                        picked,
-                        complete,
-                        kids[0],
-                        rep,
-                        (&mut *memo, generation),
-                    )
-                })
+                .map(|(n, kids)| source(p, kids[0], matches!(n.op, Op::Replicate(_)), memo))
                 .find(|s| matches!(s, Source::Value(_)))
                 .unwrap_or(Source::Nothing)
         };
         memo[slot] = (u64::from(generation) << 32) | u64::from(r.code());
         r
     }
-    let generation = scratch.next_generation(x.ids.len());
+    let program = Program {
+        x,
+        choice,
+        picked: &picked,
+        complete,
+        generation: scratch.next_generation(x.ids.len()),
+    };
+    let generation = program.generation;
     let OnceScratch {
         memo,
         chain_use,
@@ -1593,16 +1586,7 @@ fn computed_once(
         }
         let (node, kids) = &x.nodes[c][n as usize];
         let views_of = |n: &ENode, kids: &[u32], memo: &mut [u64]| {
-            let rep = matches!(n.op, Op::Replicate(_));
-            source(
-                x,
-                choice,
-                &picked,
-                complete,
-                kids[0],
-                rep,
-                (memo, generation),
-            )
+            source(&program, kids[0], matches!(n.op, Op::Replicate(_)), memo)
         };
         if is_view(&node.op) && views_of(node, kids, memo) != Source::Nothing {
             continue; // written as views of a computed value, or may still be
