@@ -1147,6 +1147,10 @@ impl Marks {
     fn mark(&mut self, c: u32) -> bool {
         std::mem::replace(&mut self.marks[c as usize], self.generation) != self.generation
     }
+
+    fn contains(&self, c: u32) -> bool {
+        self.marks[c as usize] == self.generation
+    }
 }
 
 fn class_tiled(x: &ExtractGraph, c: u32) -> bool {
@@ -1539,9 +1543,8 @@ fn computed_once(
         choice,
         picked: &picked,
         complete,
-        generation: scratch.next_generation(x.ids.len()),
+        generation: scratch.next_generation(),
     };
-    let generation = program.generation;
     let OnceScratch {
         memo,
         chain_use,
@@ -1555,7 +1558,7 @@ fn computed_once(
     // between ≈ programs, and which one early compaction kept decided whether the class
     // survived.)
     for r in &x.roots {
-        other_use[*r as usize] = generation;
+        other_use.mark(*r);
     }
     for p in met.iter().map(|p| *p as usize) {
         if choice[p] == NONE {
@@ -1572,15 +1575,15 @@ fn computed_once(
                     class_tiled(x, k),
                 );
             if link {
-                chain_use[ku] = generation;
+                chain_use.mark(k);
             } else {
-                other_use[ku] = generation;
+                other_use.mark(k);
             }
         }
     }
     for c in met.iter().map(|c| *c as usize) {
         let n = choice[c];
-        let chain_only = chain_use[c] == generation && other_use[c] != generation;
+        let chain_only = chain_use.contains(c as u32) && !other_use.contains(c as u32);
         if n == NONE || !class_tiled(x, c as u32) || chain_only {
             continue;
         }
@@ -1636,29 +1639,40 @@ impl Source {
 }
 
 /// Buffers `computed_once` reuses from one partial program to the next.
-/// Scratch space for `computed_once`, reused across calls: an entry of `memo`, `chain_use`
-/// or `other_use` counts only when it carries the current call's generation, so no call
-/// clears arrays the size of the e-graph.
+/// Scratch space for `computed_once`, reused across calls so that no call clears arrays the
+/// size of the e-graph: `memo` entries count only with the current call's generation, and
+/// the use sets are `Marks`.
 struct OnceScratch {
     /// Per (class, replicated): generation in the high half, `Source::code` in the low.
     memo: Vec<u64>,
-    chain_use: Vec<u32>,
-    other_use: Vec<u32>,
     generation: u32,
+    chain_use: Marks,
+    other_use: Marks,
     /// For `reaches`.
     seen: Marks,
 }
 
 impl OnceScratch {
-    fn next_generation(&mut self, classes: usize) -> u32 {
+    fn new(classes: usize) -> OnceScratch {
+        OnceScratch {
+            memo: vec![0; 2 * classes],
+            generation: 0,
+            chain_use: Marks::new(classes),
+            other_use: Marks::new(classes),
+            seen: Marks::new(classes),
+        }
+    }
+
+    /// Starts a call: a fresh memo generation and empty use sets.
+    fn next_generation(&mut self) -> u32 {
         self.generation = self.generation.wrapping_add(1);
-        if self.generation == 0 || self.chain_use.len() != classes {
-            // First use, or the generations wrapped around: start afresh.
-            self.memo = vec![0; 2 * classes];
-            self.chain_use = vec![0; classes];
-            self.other_use = vec![0; classes];
+        if self.generation == 0 {
+            // The generations wrapped around: forget every entry.
+            self.memo.iter_mut().for_each(|m| *m = 0);
             self.generation = 1;
         }
+        self.chain_use.clear();
+        self.other_use.clear();
         self.generation
     }
 }
@@ -1883,13 +1897,7 @@ impl Extractor {
         let mut s: Choice = vec![NONE; classes];
         let (mut facts, mut class_facts) = (WalkFacts::default(), WalkFacts::default());
         let mut scratch = Marks::new(classes);
-        let mut once_scratch = OnceScratch {
-            memo: Vec::new(),
-            chain_use: Vec::new(),
-            other_use: Vec::new(),
-            generation: 0,
-            seen: Marks::new(classes),
-        };
+        let mut once_scratch = OnceScratch::new(classes);
         let (mut expanded, mut complete, mut rejected) = (0usize, 0usize, 0usize);
         let mut no_launch_order = 0usize;
         let mut launch_scratch = LaunchScratch::default();
@@ -2324,13 +2332,7 @@ mod tests {
             .any(|s| s.iter().filter(|n| **n != NONE).count() > 20));
         let mut interner = Interner::default();
         let mut reused = WalkFacts::default();
-        let fresh_scratch = |classes: usize| OnceScratch {
-            memo: Vec::new(),
-            chain_use: Vec::new(),
-            other_use: Vec::new(),
-            generation: 0,
-            seen: Marks::new(classes),
-        };
+        let fresh_scratch = OnceScratch::new;
         let mut reused_scratch = fresh_scratch(x.ids.len());
         let mut checked = [0usize; 2];
         for (i, s) in programs.iter().enumerate() {
