@@ -246,6 +246,31 @@ fn pruning_partial_programs_without_launch_order_loses_no_class() {
     assert!(with.no_launch_order > 0 && with.rejected < without.rejected);
 }
 
+/// A class with one e-node can be resolved only one way, so it is resolved in the state that
+/// makes it reachable (unit propagation) instead of costing an expansion of its own. That must
+/// change the work only: with and without it, the same classes, and fewer expanded states with.
+#[test]
+fn resolving_one_node_classes_at_once_changes_the_work_not_the_classes() {
+    let runs = same_classes_on_saturated_workloads([
+        ("propagating", |e| e),
+        ("not propagating", |e| e.with_unit_propagation(false)),
+    ]);
+    for (name, [propagating, not_propagating]) in runs {
+        assert!(
+            propagating < not_propagating,
+            "{name}: propagating expanded {propagating} states, not propagating {not_propagating}"
+        );
+    }
+    let g = saturated_example("gated_mlp", 30);
+    let x = ExtractGraph::new(&g).expect("extractable");
+    let with = extractor(&g, Compaction::Early).run(&x);
+    let without = extractor(&g, Compaction::Early)
+        .with_unit_propagation(false)
+        .run(&x);
+    assert!(with.forced > 0, "nothing was forced");
+    assert_eq!(without.forced, 0);
+}
+
 /// Each value is computed once: a candidate that stores `cast(x)` reads it back wherever it
 /// needs it and never casts `x` again; both pure forms (store and read back, recompute in the
 /// kernel) are candidates. Checked on the printed programs of a full enumeration.

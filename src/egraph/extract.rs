@@ -30,8 +30,9 @@
 //! not change the classes found — every partial-program check holds for all completions,
 //! validity is the same for ≈ programs, ≈ is a function of the parts' forms, and a complete
 //! program is pruned only against one already output — and it changes the cost a lot:
-//! rmsnorm_gemm takes 0.32 M expansions resolving holes in walk order, 0.10 M this way, for
-//! the same 728 classes. Pruning uses a
+//! rmsnorm_gemm takes 0.12 M expansions resolving holes in walk order, 0.05 M this way, for
+//! the same 728 classes. A class with one e-node is resolved in the state that makes it
+//! reachable (unit propagation), without an expansion of its own. Pruning uses a
 //! finer relation than ≈, in which a fold over a stored collection keeps its own form: it is
 //! ≈ to `reduce … parallel=` but gives another kernel graph, so launch order is not a function
 //! of ≈, and pruning by ≈ lost classes (layernorm_gemm, before dead product components were
@@ -121,6 +122,9 @@ pub struct ExtractReport {
     /// Partial or complete programs pruned for recomputing a value they also store (see
     /// `computed_once`).
     pub recomputed: usize,
+    /// Classes resolved by unit propagation (one e-node, so one way) in the state that made
+    /// them reachable, instead of by an expansion of their own.
+    pub forced: usize,
     /// Partial programs pruned as ≈ₚ one already taken (early compaction only).
     pub equivalent: usize,
     /// Complete programs the backend refused to lower (see `Extractor::lowerable`).
@@ -1722,8 +1726,8 @@ fn hole_context(
 pub enum HoleContext {
     /// The canonical ids of the resolved classes holes reach: the default.
     Forms,
-    /// Their picks: a finer relation that prunes less (rmsnorm_gemm: 278,478 expanded states
-    /// against 100,415 for the same 728 classes), kept to check that both find the same
+    /// Their picks: a finer relation that prunes less (rmsnorm_gemm: 157,440 expanded states
+    /// against 53,015 for the same 728 classes), kept to check that both find the same
     /// classes.
     Picks,
 }
@@ -1779,6 +1783,9 @@ pub struct Extractor {
     /// Prune partial programs that no completion gives a launch order (on by default; off
     /// only to show, in tests, that it loses no candidate).
     pub prune_no_launch_order: bool,
+    /// Resolve a class with one e-node in the state that makes it reachable (on by default;
+    /// off only to show, in tests, that it changes the work and not the classes).
+    pub unit_propagation: bool,
     /// Called about four times a second once a run passes one second (`ExtractProgress`).
     pub progress: Option<ProgressFn>,
 }
@@ -1810,6 +1817,7 @@ impl Default for Extractor {
             lowerable: None,
             hole_context: HoleContext::Forms,
             prune_no_launch_order: true,
+            unit_propagation: true,
             progress: None,
         }
     }
@@ -1848,6 +1856,11 @@ impl Extractor {
 
     pub fn with_no_launch_order_pruning(mut self, on: bool) -> Self {
         self.prune_no_launch_order = on;
+        self
+    }
+
+    pub fn with_unit_propagation(mut self, on: bool) -> Self {
+        self.unit_propagation = on;
         self
     }
 
@@ -1912,6 +1925,8 @@ impl Extractor {
         let mut equivalent = 0usize;
         let mut not_lowerable = 0usize;
         let mut first_refusal: Option<String> = None;
+        let mut forced = 0usize;
+        let (mut reached, mut forced_picks): (Vec<u32>, Vec<u32>) = (Vec::new(), Vec::new());
         // Progress reports start after one second, then every quarter second.
         let mut next_report = Duration::from_secs(1);
         while let Some((_, _, at)) = worklist.pop() {
@@ -2072,13 +2087,60 @@ impl Extractor {
                 // the cheapest cost of each child class that becomes a new hole.
                 let mut child = cost - x.best[h as usize].min(cost);
                 child = child.saturating_add(x.pick_cost[h as usize][i]);
-                for (j, k) in kids.iter().enumerate() {
-                    let fresh = !visited[*k as usize] && *k != h && !kids[..j].contains(k);
-                    if fresh {
+                reached.clear();
+                for k in kids {
+                    if !visited[*k as usize] && *k != h && !reached.contains(k) {
+                        reached.push(*k);
                         child = child.saturating_add(x.best[*k as usize]);
                     }
                 }
+                let trail_len = trail.len();
                 trail.push((at, h, i as u32));
+                // Unit propagation: a class the pick makes reachable that has one e-node can
+                // only be resolved one way, so it is resolved here, and so are the one-node
+                // classes that pick reaches in turn. Resolving them one state at a time gave
+                // the same programs (the fewest-nodes order takes such holes first anyway) at
+                // the price of a walk and the pruning checks per forced pick.
+                s[h as usize] = i as u32;
+                let mut dead = false;
+                let mut next = 0;
+                while let Some(&k) = reached.get(next).filter(|_| self.unit_propagation) {
+                    next += 1;
+                    if x.nodes[k as usize].len() != 1 || s[k as usize] != NONE {
+                        continue;
+                    }
+                    let grandkids = &x.nodes[k as usize][0].1;
+                    if reaches(x, &s, grandkids, k, false, &mut scratch) {
+                        dead = true; // its only e-node closes a cycle
+                        break;
+                    }
+                    s[k as usize] = 0;
+                    forced_picks.push(k);
+                    let lowerable = loads_only_after_pick(x, &s, k);
+                    debug_assert_eq!(lowerable, loads_only(x, &s));
+                    if !lowerable {
+                        dead = true;
+                        break;
+                    }
+                    child = child - x.best[k as usize].min(child);
+                    child = child.saturating_add(x.pick_cost[k as usize][0]);
+                    for g in grandkids {
+                        if !visited[*g as usize] && *g != h && !reached.contains(g) {
+                            reached.push(*g);
+                            child = child.saturating_add(x.best[*g as usize]);
+                        }
+                    }
+                    trail.push(((trail.len() - 1) as u32, k, 0));
+                }
+                s[h as usize] = NONE;
+                for k in forced_picks.drain(..) {
+                    s[k as usize] = NONE;
+                }
+                if dead {
+                    trail.truncate(trail_len);
+                    continue;
+                }
+                forced += trail.len() - trail_len - 1;
                 pushed += 1;
                 worklist.push((Reverse(child), pushed, (trail.len() - 1) as u32));
             }
@@ -2091,6 +2153,7 @@ impl Extractor {
             no_launch_order,
             over_kernels,
             recomputed,
+            forced,
             equivalent,
             not_lowerable,
             first_refusal,

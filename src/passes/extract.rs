@@ -198,6 +198,7 @@ impl Pass for ExtractPass {
                 "rejected_no_launch_order": report.rejected,
                 "pruned_over_max_kernels": report.over_kernels,
                 "pruned_computing_twice": report.recomputed,
+                "forced_picks": report.forced,
                 "pruned_equivalent": report.equivalent,
                 "pruned_no_launch_order": report.no_launch_order,
                 "rejected_not_lowerable": report.not_lowerable,
