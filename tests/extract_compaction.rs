@@ -4,7 +4,8 @@
 //! the same classes too.
 
 use efopt::egraph::extract::{
-    canonical_text, Compaction, ExtractGraph, ExtractStop, Extractor, HoleContext, HoleOrder,
+    canonical_text, Compaction, ExtractGraph, ExtractReport, ExtractStop, Extractor, HoleContext,
+    HoleOrder,
 };
 use efopt::egraph::rules::all_rules;
 use efopt::egraph::runner::Runner;
@@ -219,6 +220,17 @@ fn same_classes_on_saturated_workloads(configs: [Config; 2]) -> Vec<(&'static st
         .collect()
 }
 
+/// Reports of early compaction on a fully saturated example: as configured by default, and
+/// with one change.
+fn default_and(name: &str, change: fn(Extractor) -> Extractor) -> [ExtractReport; 2] {
+    let g = saturated_example(name, 30);
+    let x = ExtractGraph::new(&g).expect("extractable");
+    [
+        extractor(&g, Compaction::Early).run(&x),
+        change(extractor(&g, Compaction::Early)).run(&x),
+    ]
+}
+
 /// A partial program whose resolved kernels already read each other's stored values in a
 /// cycle (or one reads what it writes) has no completion with a launch order, and is pruned
 /// before it is expanded. That must change the work only: with and without the pruning, the
@@ -236,12 +248,7 @@ fn pruning_partial_programs_without_launch_order_loses_no_class() {
             "{name}: pruning expanded more states"
         );
     }
-    let g = saturated_example("ngpt", 30);
-    let x = ExtractGraph::new(&g).expect("extractable");
-    let with = extractor(&g, Compaction::Early).run(&x);
-    let without = extractor(&g, Compaction::Early)
-        .with_no_launch_order_pruning(false)
-        .run(&x);
+    let [with, without] = default_and("ngpt", |e| e.with_no_launch_order_pruning(false));
     assert!(without.rejected > 0, "nGPT no longer has such programs");
     assert!(with.no_launch_order > 0 && with.rejected < without.rejected);
 }
@@ -261,12 +268,7 @@ fn resolving_one_node_classes_at_once_changes_the_work_not_the_classes() {
             "{name}: propagating expanded {propagating} states, not propagating {not_propagating}"
         );
     }
-    let g = saturated_example("gated_mlp", 30);
-    let x = ExtractGraph::new(&g).expect("extractable");
-    let with = extractor(&g, Compaction::Early).run(&x);
-    let without = extractor(&g, Compaction::Early)
-        .with_unit_propagation(false)
-        .run(&x);
+    let [with, without] = default_and("gated_mlp", |e| e.with_unit_propagation(false));
     assert!(with.forced > 0, "nothing was forced");
     assert_eq!(without.forced, 0);
 }
