@@ -1642,7 +1642,6 @@ impl Source {
     }
 }
 
-/// Buffers `computed_once` reuses from one partial program to the next.
 /// Scratch space for `computed_once`, reused across calls so that no call clears arrays the
 /// size of the e-graph: `memo` entries count only with the current call's generation, and
 /// the use sets are `Marks`.
@@ -2106,7 +2105,8 @@ impl Extractor {
                 let mut next = 0;
                 while let Some(&k) = reached.get(next).filter(|_| self.unit_propagation) {
                     next += 1;
-                    if x.nodes[k as usize].len() != 1 || s[k as usize] != NONE {
+                    // `reached` holds each class once, none of them picked (picks are reachable).
+                    if x.nodes[k as usize].len() != 1 {
                         continue;
                     }
                     let grandkids = &x.nodes[k as usize][0].1;
