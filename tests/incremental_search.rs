@@ -111,3 +111,53 @@ fn parallel_search_gives_the_same_egraph_as_serial_search() {
         );
     }
 }
+
+/// The examples rarely need it, so this case isolates it: two operand classes merge (by
+/// commutativity, `x * y` = `y * x`) while the e-node above their readers, `p + q`, stays
+/// unchanged in an unchanged class. Only revisiting the parents of merged classes lets
+/// `distribute-matmul-lhs` see `matmul(A, b) + matmul(A, c)` afterwards.
+#[test]
+fn an_enode_whose_operands_read_merged_classes_is_searched_again() {
+    let text = "func merge_below where M = 4, K = 8, N = 4 {
+  x: tensor<MxK, f32> = input
+  y: tensor<MxK, f32> = input
+  b: tensor<KxN, f32> = input
+  c: tensor<KxN, f32> = input
+  a1 = x * y
+  a2 = y * x
+  p = matmul(a1, b)
+  q = matmul(a2, c)
+  output = p + q
+  return output
+}
+";
+    let rules: Vec<_> = all_rules()
+        .into_iter()
+        .filter(|r| r.name == "commute-multiply" || r.name == "distribute-matmul-lhs")
+        .collect();
+    assert_eq!(rules.len(), 2);
+    let mut m = efopt::parse::parse_module(text, 0).expect("parses");
+    efopt::passes::verify::verify_module(&mut m).expect("verifies");
+    let saturate = |incremental: bool| {
+        let mut g = TypedEGraph::from_function(&m.funcs[0], &m.reducers).expect("e-graph");
+        Runner::default()
+            .with_incremental_search(incremental)
+            .run(&mut g, &rules);
+        let matmuls = g
+            .egraph
+            .classes()
+            .flat_map(|c| c.nodes.iter())
+            .filter(|n| matches!(n.op, efopt::egraph::Op::MatMul(_)))
+            .count();
+        (print_egraph(&g.to_dump()), matmuls)
+    };
+    let (full, full_matmuls) = saturate(false);
+    let (incremental, matmuls) = saturate(true);
+    // p, q and the distributed matmul(A, b + c).
+    assert_eq!(full_matmuls, 3, "full search does not distribute:\n{full}");
+    assert_eq!(
+        matmuls, 3,
+        "incremental search misses the distribution:\n{incremental}"
+    );
+    assert!(full == incremental);
+}

@@ -201,18 +201,13 @@ impl Runner {
                 let mut by_root: RootIndex = vec![Vec::new(); Root::ALL.len()];
                 for &c in classes {
                     for n in egraph[c].nodes.iter() {
-                        let revisit = scope.map_or(Revisit::Always, |s| s.revisits(c, n));
+                        let revisit = scope.map_or(Revisit::Fresh, |s| s.revisits(c, n));
                         if revisit == Revisit::No {
                             continue;
                         }
-                        let class_readers_only = revisit == Revisit::ForClassReaders;
                         let mut roots = Root::set_of(&n.op) & wanted;
                         while roots != 0 {
-                            by_root[roots.trailing_zeros() as usize].push((
-                                c,
-                                n,
-                                class_readers_only,
-                            ));
+                            by_root[roots.trailing_zeros() as usize].push((c, n, revisit));
                             roots &= roots - 1;
                         }
                     }
@@ -239,9 +234,9 @@ impl Runner {
                     .unwrap_or(&all_index);
                 let mut out = Out::default();
                 let mut all = Out::default();
-                let reads_class = rule.reach == Reach::ClassNodes;
-                for &(c, n, class_readers_only) in &index[rule.root as usize] {
-                    if class_readers_only && !reads_class {
+                let needs = Revisit::needed_by(rule.reach);
+                for &(c, n, revisit) in &index[rule.root as usize] {
+                    if revisit < needs {
                         continue;
                     }
                     (rule.find)(egraph, c, n, &mut out);
@@ -350,8 +345,21 @@ impl Runner {
                     .collect();
                 changed.sort_unstable();
                 changed.dedup();
+                // Classes that now equal a class they did not equal before the iteration: two
+                // old classes with one root. (A class that only gained e-nodes, or absorbed a
+                // class created this iteration, keeps its identity for every old reader.)
+                let mut roots: Vec<(Id, Id)> =
+                    classes.iter().map(|c| (g.egraph.find(*c), *c)).collect();
+                roots.sort_unstable();
+                let mut merged: Vec<Id> = roots
+                    .windows(2)
+                    .filter(|w| w[0].0 == w[1].0)
+                    .map(|w| w[0].0)
+                    .collect();
+                merged.dedup();
                 dirty_log.push(Change {
                     classes: changed,
+                    merged,
                     nodes: added.nodes,
                 });
             }
@@ -392,9 +400,9 @@ impl Runner {
     }
 }
 
-/// Per root kind, the e-nodes to search with their class, and whether only rules that read
-/// the other e-nodes of their class need that e-node (`Revisit::ForClassReaders`).
-type RootIndex<'a> = Vec<Vec<(Id, &'a ENode, bool)>>;
+/// Per root kind, the e-nodes to search with their class, and which rules need that e-node
+/// searched again.
+type RootIndex<'a> = Vec<Vec<(Id, &'a ENode, Revisit)>>;
 
 /// The default `Runner::parallel_search_after`.
 pub const PARALLEL_SEARCH_AFTER: Duration = Duration::from_millis(1);
@@ -421,6 +429,8 @@ fn index_parallel_reductions(g: &mut TypedEGraph, classes: &[Id]) {
 #[derive(Default)]
 struct Change {
     classes: Vec<Id>,
+    /// The classes among them that merged two classes older than the iteration.
+    merged: Vec<Id>,
     nodes: Vec<ENode>,
 }
 
@@ -428,32 +438,50 @@ struct Change {
 /// e-node). A local rule matched at an e-node reads at most that e-node, the e-nodes of its
 /// operand classes and the identity of their operands (and, for a few, the other e-nodes of
 /// its own class): its proposals can differ only at a new e-node, at one with an operand
-/// class that changed or has an e-node reading a changed class, or — for a rule reading its
+/// class that changed or has an e-node reading a class that merged with another old class
+/// (only a merge changes the identity such an e-node reads), or — for a rule reading its
 /// class — at any e-node of a changed class. Every other e-node would re-propose known terms:
 /// an old e-node that moved into another class by a merge proposes the same terms, which
 /// its old class already holds.
 struct Scope {
     /// The classes holding such e-nodes, in order.
     classes: Vec<Id>,
-    /// Per class slot: `CHANGED`, `NEAR` for a changed class or a parent of one, and `LISTED`
+    /// Per class slot: `CHANGED`, `NEAR` for a changed class or a parent of a merged one, and `LISTED`
     /// once in `classes`.
     marks: Vec<u8>,
     /// The new e-nodes, canonical.
     fresh: rustc_hash::FxHashSet<ENode>,
 }
 
-/// Whether an e-node of the scope must be searched again, and by which rules.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// Whether an e-node of the scope must be searched again, and by which rules: each level
+/// includes the rules of the levels below it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Revisit {
     No,
-    /// Only by rules that read the other e-nodes of the class (it changed, this e-node did not).
+    /// By rules that read the other e-nodes of the class (it changed, this e-node did not).
     ForClassReaders,
-    Always,
+    /// Also by rules that read one level below (an operand class changed, or holds an e-node
+    /// reading a merged class).
+    ForNodeReaders,
+    /// By every rule: the e-node is new, or an operand class merged with another.
+    Fresh,
+}
+
+impl Revisit {
+    /// The level at which a rule of this reach must search an e-node again.
+    fn needed_by(reach: Reach) -> Revisit {
+        match reach {
+            Reach::Own => Revisit::Fresh,
+            Reach::Node => Revisit::ForNodeReaders,
+            Reach::ClassNodes | Reach::EGraph => Revisit::ForClassReaders,
+        }
+    }
 }
 
 const CHANGED: u8 = 1;
 const NEAR: u8 = 2;
 const LISTED: u8 = 4;
+const MERGED: u8 = 8;
 
 impl Scope {
     fn new(g: &TypedEGraph, log: &[Change]) -> Scope {
@@ -487,7 +515,19 @@ impl Scope {
         for &c in &changed {
             mark(&mut marks, c, CHANGED | NEAR);
         }
-        for &c in &changed {
+        // A parent of a class that only gained e-nodes reads that class's identity, which
+        // did not change: only parents of merged classes can match differently one level up.
+        let mut merged: Vec<Id> = log
+            .iter()
+            .flat_map(|c| c.merged.iter())
+            .map(|c| eg.find(*c))
+            .collect();
+        merged.sort_unstable();
+        merged.dedup();
+        for &c in &merged {
+            mark(&mut marks, c, MERGED);
+        }
+        for &c in &merged {
             for p in eg[c].parents() {
                 let p = eg.find(p);
                 if mark(&mut marks, p, NEAR) {
@@ -519,16 +559,21 @@ impl Scope {
 
     /// Whether e-node `n` of class `c` (canonical, as after a rebuild) must be searched again.
     fn revisits(&self, c: Id, n: &ENode) -> Revisit {
-        if n.children.iter().any(|k| self.mark(*k) & NEAR != 0) {
-            return Revisit::Always;
+        let below = n.children.iter().fold(0, |m, k| m | self.mark(*k));
+        if below & MERGED != 0 {
+            return Revisit::Fresh;
         }
-        if self.mark(c) & CHANGED == 0 {
-            return Revisit::No;
+        let class_changed = self.mark(c) & CHANGED != 0;
+        // Only a changed class gains e-nodes.
+        if class_changed && self.fresh.contains(n) {
+            return Revisit::Fresh;
         }
-        if self.fresh.contains(n) {
-            Revisit::Always
-        } else {
+        if below & NEAR != 0 {
+            Revisit::ForNodeReaders
+        } else if class_changed {
             Revisit::ForClassReaders
+        } else {
+            Revisit::No
         }
     }
 }

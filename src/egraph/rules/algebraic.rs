@@ -8,10 +8,10 @@ use crate::ir::BinaryOp;
 #[rustfmt::skip]
 pub static RULES: &[Rule] = &[
     // name                    family               equation
-    Rule { name: "commute-add",        family: Family::Algebraic, equation: "a + b = b + a", root: Root::Binary, find: commute_add, reach: Reach::Node },
-    Rule { name: "commute-multiply",   family: Family::Algebraic, equation: "a * b = b * a", root: Root::Binary, find: commute_multiply, reach: Reach::Node },
-    Rule { name: "commute-maximum",    family: Family::Algebraic, equation: "maximum(a, b) = maximum(b, a)", root: Root::Binary, find: commute_maximum, reach: Reach::Node },
-    Rule { name: "commute-minimum",    family: Family::Algebraic, equation: "minimum(a, b) = minimum(b, a)", root: Root::Binary, find: commute_minimum, reach: Reach::Node },
+    Rule { name: "commute-add",        family: Family::Algebraic, equation: "a + b = b + a", root: Root::Binary, find: commute_add, reach: Reach::Own },
+    Rule { name: "commute-multiply",   family: Family::Algebraic, equation: "a * b = b * a", root: Root::Binary, find: commute_multiply, reach: Reach::Own },
+    Rule { name: "commute-maximum",    family: Family::Algebraic, equation: "maximum(a, b) = maximum(b, a)", root: Root::Binary, find: commute_maximum, reach: Reach::Own },
+    Rule { name: "commute-minimum",    family: Family::Algebraic, equation: "minimum(a, b) = minimum(b, a)", root: Root::Binary, find: commute_minimum, reach: Reach::Own },
     Rule { name: "matmul-reassoc-right", family: Family::Algebraic, equation: "matmul(matmul(A,B),C) = matmul(A, matmul(B,C))", root: Root::MatMul, find: reassoc_right, reach: Reach::Node },
     Rule { name: "matmul-reassoc-left", family: Family::Algebraic, equation: "matmul(A, matmul(B,C)) = matmul(matmul(A,B),C)", root: Root::MatMul, find: reassoc_left, reach: Reach::Node },
     Rule { name: "factor-out-lhs",     family: Family::Algebraic, equation: "matmul(X ∘ a, W) = matmul(X, W) ∘ a  (∘ ∈ {*, /}; a invariant along K)", root: Root::MatMul, find: factor_out_lhs, reach: Reach::Node },

@@ -103,6 +103,9 @@ pub struct Rule {
 /// a change (see `docs/egraph.md` §7).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reach {
+    /// The e-node alone, with the identity and type of its operands (commutativity): only a
+    /// new e-node, or one with an operand class merged with another, is searched again.
+    Own,
     /// The e-node, the e-nodes of its operand classes and the identity of their operands: a
     /// new e-node, or one whose operands changed, is searched again.
     Node,

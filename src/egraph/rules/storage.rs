@@ -5,7 +5,7 @@ use super::*;
 #[rustfmt::skip]
 pub static RULES: &[Rule] = &[
     // name            family             equation
-    Rule { name: "store-partials", family: Family::Storage, equation: "reduce X parallel=p reducer=@r = reduce collection[p](X) axis=0 reducer=@r", root: Root::ReduceParallel, find: store_partials, reach: Reach::Node },
+    Rule { name: "store-partials", family: Family::Storage, equation: "reduce X parallel=p reducer=@r = reduce collection[p](X) axis=0 reducer=@r", root: Root::ReduceParallel, find: store_partials, reach: Reach::Own },
 ];
 
 fn store_partials(_eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
