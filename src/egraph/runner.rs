@@ -332,7 +332,11 @@ impl Runner {
             }
             phase[1] += t_apply.elapsed().as_secs_f64();
             let t_rebuild = Instant::now();
-            super::graph::rebuild(&mut g.egraph);
+            // egg's rebuild walks every class; an iteration that added and merged nothing
+            // (the last one) leaves the e-graph clean.
+            if !g.egraph.clean {
+                super::graph::rebuild(&mut g.egraph);
+            }
             if self.incremental {
                 // A class changed if it absorbed another class or a new e-node: exactly the
                 // classes whose e-node set grew. (A class whose children were only renamed
