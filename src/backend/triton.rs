@@ -200,6 +200,9 @@ struct Ctx<'a> {
     /// or depth: only these are padded to 16. Padding the others (batch dimensions, say)
     /// would multiply the work, and the compile time, by up to 16 for nothing.
     dot_padded: std::cell::RefCell<BTreeSet<String>>,
+    /// Every parallel axis the function names (`all_axes`), computed once: each kernel's
+    /// signature lists them all.
+    axes: BTreeSet<String>,
 }
 
 /// Emits a module for the candidates: one kernel per region, one host function per candidate.
@@ -321,6 +324,7 @@ pub fn emit_function(
         opts,
         axis_dim: axis_dims(f),
         dot_padded: Default::default(),
+        axes: all_axes(f),
     };
     let fname = names.fresh(&ident(&f.name));
     // Buffers: inputs by position, intermediates and results.
@@ -342,7 +346,7 @@ pub fn emit_function(
     let mut host = String::new();
     let mut launches = Vec::new();
     let mut allocs = Vec::new();
-    let used_axes: BTreeSet<String> = all_axes(f);
+    let used_axes: &BTreeSet<String> = &ctx.axes;
     for (ki, k) in g.kernels.iter().enumerate() {
         for o in &k.outputs {
             if buffer.contains_key(&(*o, 0)) {
@@ -433,7 +437,7 @@ pub fn emit_function(
         }
         let _ = writeln!(host, "    P_{0} = {1}", b.name, padded_len(&ctx, &b.name));
     }
-    for a in &used_axes {
+    for a in used_axes {
         if let Some(d) = ctx.axis_dim.get(a) {
             let _ = writeln!(
                 host,
@@ -652,8 +656,7 @@ fn emit_kernel(
         sig.push(b.name.clone());
         args.push(b.name.clone());
     }
-    let axes_set = all_axes(ctx.f);
-    let axes: Vec<&String> = axes_set.iter().collect();
+    let axes: Vec<&String> = ctx.axes.iter().collect();
     for a in &axes {
         sig.push(format!("EXT_{a}"));
         args.push(format!("EXT_{a}"));

@@ -317,29 +317,43 @@ pub fn run(args: &[String]) -> i32 {
     let mut exit = 0;
     let mut timing = Timing { rows: Vec::new() };
     let mut stats = Vec::new();
+    let separated = chunks.len() > 1;
     for (start, end) in chunks {
-        // Other chunks are blanked (newlines kept) so spans and line numbers are the file's.
-        let masked: String = text
-            .char_indices()
-            .map(|(i, c)| {
-                if (start..end).contains(&i) || c == '\n' {
-                    c
-                } else {
-                    ' '
-                }
-            })
-            .collect();
+        // Other chunks are blanked (newlines kept, one space per byte) so spans, offsets and
+        // line numbers are the file's.
+        let mut masked = String::with_capacity(text.len());
+        for (i, c) in text.char_indices() {
+            if (start..end).contains(&i) || c == '\n' {
+                masked.push(c);
+            } else {
+                masked.extend(std::iter::repeat_n(' ', c.len_utf8()));
+            }
+        }
         let id = sources.add(name.clone(), masked.clone());
-        let outcome = process_chunk(
-            &masked,
-            id,
-            &opts,
-            &specs,
-            &mut sources,
-            &base_dir,
-            &mut timing,
-            &mut stats,
-        );
+        // A blank chunk has no text of its own to point at: point at where it starts.
+        let outcome = if separated && text[start..end].trim().is_empty() {
+            ChunkOutcome {
+                output: String::new(),
+                diagnostics: vec![Diagnostic::error(
+                    crate::diag::Span::new(id, start, start),
+                    "empty chunk: nothing between two `// -----` separators",
+                )
+                .with_label("this chunk is empty")
+                .with_help("remove one of the separators")],
+                failed: true,
+            }
+        } else {
+            process_chunk(
+                &masked,
+                id,
+                &opts,
+                &specs,
+                &mut sources,
+                &base_dir,
+                &mut timing,
+                &mut stats,
+            )
+        };
         if opts.verify_diagnostics {
             let problems = expect::verify_diagnostics(&masked, id, &outcome.diagnostics, &sources);
             for d in &problems {

@@ -31,8 +31,9 @@ pub fn parse_pipeline(text: &str, source: u32) -> Result<Vec<PassSpec>, Vec<Diag
         }
         let name = &text[start..i];
         if name.is_empty() {
+            let width = text[i..].chars().next().map_or(1, char::len_utf8);
             errors.push(
-                Diagnostic::error(span(i, i + 1), "expected a pass name")
+                Diagnostic::error(span(i, i + width), "expected a pass name")
                     .with_help("a pipeline is `pass1,pass2{option=value}`"),
             );
             break;
@@ -67,11 +68,11 @@ pub fn parse_pipeline(text: &str, source: u32) -> Result<Vec<PassSpec>, Vec<Diag
             }
             i = close + 1;
         }
-        if i < bytes.len() && bytes[i] != b',' {
+        if let Some(c) = text[i..].chars().next().filter(|c| *c != ',') {
             errors.push(
                 Diagnostic::error(
-                    span(i, i + 1),
-                    format!("unexpected `{}` in the pipeline", &text[i..i + 1]),
+                    span(i, i + c.len_utf8()),
+                    format!("unexpected `{c}` in the pipeline"),
                 )
                 .with_help("separate passes with `,` and put options in `{…}` separated by spaces"),
             );
@@ -114,7 +115,8 @@ pub fn parse_pipeline(text: &str, source: u32) -> Result<Vec<PassSpec>, Vec<Diag
                 );
                 continue;
             }
-            parsed.0.insert(k, v);
+            parsed.spans.insert(k.clone(), s);
+            parsed.values.insert(k, v);
         }
         specs.push(PassSpec {
             name: name.to_string(),

@@ -21,6 +21,9 @@ pub struct PrintOptions {
 #[derive(Default)]
 pub struct Namer {
     used: HashSet<String>,
+    /// Per base, the suffix to try first: every smaller one is taken (names are never
+    /// released), so naming n values with one base costs O(n), not O(n²).
+    next_suffix: std::collections::HashMap<String, u64>,
 }
 
 impl Namer {
@@ -32,13 +35,14 @@ impl Namer {
         if self.used.insert(base.to_string()) {
             return base.to_string();
         }
-        for i in 1.. {
-            let candidate = format!("{base}_{i}");
+        let next = self.next_suffix.entry(base.to_string()).or_insert(1);
+        loop {
+            let candidate = format!("{base}_{next}");
+            *next += 1;
             if self.used.insert(candidate.clone()) {
                 return candidate;
             }
         }
-        unreachable!("the integers are unbounded")
     }
 }
 
@@ -404,4 +408,23 @@ pub fn print_module(m: &Module, opts: PrintOptions) -> String {
         parts.push(print_egraph(g));
     }
     parts.join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Namer;
+
+    /// A fresh name is the base, else the base with the smallest free suffix: names reserved
+    /// or handed out in between are skipped, never reused.
+    #[test]
+    fn fresh_names_take_the_smallest_free_suffix() {
+        let mut namer = Namer::default();
+        namer.reserve("v_2");
+        let names: Vec<String> = (0..4).map(|_| namer.fresh("v")).collect();
+        assert_eq!(names, ["v", "v_1", "v_3", "v_4"]);
+        namer.reserve("v_6");
+        assert_eq!(namer.fresh("v_5"), "v_5");
+        assert_eq!(namer.fresh("v"), "v_7");
+        assert_eq!(namer.fresh("w"), "w");
+    }
 }

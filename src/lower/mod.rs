@@ -171,6 +171,7 @@ pub fn kernel_graph(f: &Function) -> KernelGraph {
     let mut kernel_of: Vec<Option<usize>> = vec![None; n];
     let mut plumbing = vec![false; n];
     let mut roots: Vec<usize> = Vec::new();
+    let mut kernel_of_root: HashMap<usize, usize> = HashMap::new();
     for i in 0..n {
         if skip(i) {
             continue;
@@ -196,13 +197,10 @@ pub fn kernel_graph(f: &Function) -> KernelGraph {
                 _ => i,
             }
         };
-        let k = match roots.iter().position(|x| *x == r) {
-            Some(k) => k,
-            None => {
-                roots.push(r);
-                roots.len() - 1
-            }
-        };
+        let k = *kernel_of_root.entry(r).or_insert_with(|| {
+            roots.push(r);
+            roots.len() - 1
+        });
         kernel_of[i] = Some(k);
     }
     let mut kernels: Vec<Kernel> = roots
@@ -325,18 +323,22 @@ pub fn kernel_graph(f: &Function) -> KernelGraph {
     let mut ready: BTreeSet<usize> = (0..count).filter(|k| indeg[*k] == 0).collect();
     while let Some(k) = ready.pop_first() {
         order.push(k);
-        for (a, b) in &edges {
-            if *a == k {
-                indeg[*b] -= 1;
-                if indeg[*b] == 0 {
-                    ready.insert(*b);
-                }
+        // The edges are sorted: those leaving k are one run.
+        let from = edges.partition_point(|e| e.0 < k);
+        for (_, b) in edges[from..].iter().take_while(|e| e.0 == k) {
+            indeg[*b] -= 1;
+            if indeg[*b] == 0 {
+                ready.insert(*b);
             }
         }
     }
     let launch_order = !self_read && order.len() == count;
     // Without a launch order, kernels stay in first-node order.
-    let missing: Vec<usize> = (0..count).filter(|k| !order.contains(k)).collect();
+    let mut ordered = vec![false; count];
+    for k in &order {
+        ordered[*k] = true;
+    }
+    let missing: Vec<usize> = (0..count).filter(|k| !ordered[*k]).collect();
     order.extend(missing);
     let mut by_index: HashMap<usize, Kernel> = kernels.into_iter().enumerate().collect();
     let kernels = order

@@ -13,6 +13,7 @@ pub fn build_module(items: &[Item], source: u32) -> Result<Module, Vec<Diagnosti
         reducer_names: HashMap::new(),
     };
     let mut seen_funcs: HashMap<&str, Loc> = HashMap::new();
+    let mut seen_egraphs: HashMap<&str, Loc> = HashMap::new();
     for item in items {
         match item {
             Item::Reducer(r) => {
@@ -35,7 +36,15 @@ pub fn build_module(items: &[Item], source: u32) -> Result<Module, Vec<Diagnosti
                     b.diags.push(d);
                 }
             }
-            Item::EGraph(_) => {}
+            Item::EGraph(g) => {
+                // Extraction names candidates after their e-graph (`f.c0`, …).
+                if let Some(prev) = seen_egraphs.insert(&g.name, g.name_loc) {
+                    let d = b
+                        .err(g.name_loc, format!("e-graph `{}` is defined twice", g.name))
+                        .with_note(Some(b.span(prev)), "first defined here");
+                    b.diags.push(d);
+                }
+            }
             Item::Func(f) => {
                 if let Some(prev) = seen_funcs.insert(&f.name, f.name_loc) {
                     let d = b
@@ -1080,6 +1089,8 @@ impl Builder {
         }
         let bindings = self.bindings(&g.bindings);
         let mut classes: Vec<DumpClass> = Vec::new();
+        // Every class id declared, with a valid type or not (its error is reported already).
+        let mut defined: std::collections::HashSet<u32> = std::collections::HashSet::new();
         let mut roots = Vec::new();
         let mut roots_span = self.span(g.name_loc);
         for entry in &g.entries {
@@ -1110,7 +1121,7 @@ impl Builder {
                         self.push(d);
                         continue;
                     }
-                    if classes.iter().any(|c| c.id == id.0) {
+                    if !defined.insert(id.0) {
                         let d = self.err(id.1, format!("e-class %{} is defined twice", id.0));
                         self.push(d);
                         continue;
@@ -1134,7 +1145,7 @@ impl Builder {
         for c in &classes {
             for n in &c.nodes {
                 for child in &n.children {
-                    if !classes.iter().any(|k| k.id == *child) {
+                    if !defined.contains(child) {
                         let d = self.err_span(n.span, format!("e-class %{child} is not defined"));
                         self.push(d);
                     }
@@ -1152,7 +1163,7 @@ impl Builder {
             self.push(d);
         }
         for r in &roots {
-            if !classes.iter().any(|k| k.id == *r) {
+            if !defined.contains(r) {
                 let d = self.err_span(roots_span, format!("root e-class %{r} is not defined"));
                 self.push(d);
             }

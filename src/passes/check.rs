@@ -132,6 +132,7 @@ pub fn check_info() -> PassInfo {
             Box::new(CheckPass {
                 settings: Settings::from(info, opts),
                 against: Some(opts.get(info, "against").to_string()).filter(|s| !s.is_empty()),
+                against_span: opts.span("against"),
                 tol: opts.get(info, "tol").parse().unwrap_or(0.01),
                 sample: opts.get(info, "sample").parse().unwrap_or(100),
                 large_scale: opts.get(info, "large-scale").parse().unwrap_or(30.0),
@@ -256,6 +257,7 @@ struct CheckPass {
     /// A second input scale every function is also compared at (0: off).
     large_scale: f32,
     against: Option<String>,
+    against_span: Option<crate::diag::Span>,
     tol: f64,
 }
 
@@ -283,15 +285,17 @@ impl CheckPass {
                 cx.base_dir.join(path)
             };
         let bytes = std::fs::read(&full).map_err(|e| {
-            vec![Diagnostic::global(
-                Severity::Error,
+            vec![super::option_error(
+                self.against_span,
                 format!("check: cannot read reference `{}`: {e}", full.display()),
+                "a relative path is looked up in the working directory, then beside the input file",
             )]
         })?;
         let text = String::from_utf8(bytes).map_err(|_| {
-            vec![Diagnostic::global(
-                Severity::Error,
+            vec![super::option_error(
+                self.against_span,
                 format!("check: reference `{}` is not valid UTF-8", full.display()),
+                "the reference must be a `.ef` program",
             )]
         })?;
         let id = cx.sources.add(full.display().to_string(), text.clone());

@@ -24,6 +24,7 @@ pub fn info() -> PassInfo {
         create: |info, opts| {
             Box::new(ContainsPass {
                 program: opts.get(info, "program").to_string(),
+                program_span: opts.span("program"),
             })
         },
     }
@@ -31,6 +32,7 @@ pub fn info() -> PassInfo {
 
 struct ContainsPass {
     program: String,
+    program_span: Option<crate::diag::Span>,
 }
 
 /// Matching state: the axis renaming (program → e-graph) and a step budget.
@@ -41,7 +43,14 @@ struct Matcher<'a> {
     graph_reducers: &'a [ReducerDef],
     axes: Vec<(String, String)>,
     steps: usize,
+    /// Answers by (class, program node, axis map at the call): `represents` is a function of
+    /// these, so a program that shares a value (a DAG) is matched once per sharing, not once
+    /// per path. A success stores the axis map it left.
+    memo: Memo,
 }
+
+type Memo =
+    rustc_hash::FxHashMap<(Id, NodeId, Vec<(String, String)>), Option<Vec<(String, String)>>>;
 
 const STEP_BUDGET: usize = 2_000_000;
 
@@ -59,6 +68,7 @@ impl<'a> Matcher<'a> {
             graph_reducers,
             axes: Vec::new(),
             steps: 0,
+            memo: Memo::default(),
         }
     }
 
@@ -127,12 +137,31 @@ impl<'a> Matcher<'a> {
     }
 
     fn represents(&mut self, class: Id, node: NodeId, prog: &[ENode]) -> bool {
+        let class = self.g.egraph.find(class);
+        let key = (class, node, self.axes.clone());
+        if let Some(answer) = self.memo.get(&key) {
+            return match answer {
+                Some(axes) => {
+                    self.axes.clone_from(axes);
+                    true
+                }
+                None => false,
+            };
+        }
+        let found = self.search(class, node, prog);
+        // An answer cut short by the budget is not one.
+        if self.steps <= STEP_BUDGET {
+            self.memo.insert(key, found.then(|| self.axes.clone()));
+        }
+        found
+    }
+
+    fn search(&mut self, class: Id, node: NodeId, prog: &[ENode]) -> bool {
         self.steps += 1;
         if self.steps > STEP_BUDGET {
             return false;
         }
         let want = &prog[node.index()];
-        let class = self.g.egraph.find(class);
         let candidates: Vec<ENode> = self.g.egraph[class].nodes.clone();
         for cand in candidates {
             if cand.children.len() != want.children.len() {
@@ -254,9 +283,10 @@ impl Pass for ContainsPass {
             cx.base_dir.join(&self.program)
         };
         let text = std::fs::read_to_string(&path).map_err(|e| {
-            vec![Diagnostic::global(
-                Severity::Error,
+            vec![super::option_error(
+                self.program_span,
                 format!("expect-contains: cannot read `{}`: {e}", path.display()),
+                "a relative path is looked up in the working directory, then beside the input file",
             )]
         })?;
         let id = cx.sources.add(path.display().to_string(), text.clone());
@@ -321,17 +351,41 @@ impl Pass for ContainsPass {
                 ""
             };
             // Point at the first statement no e-class represents on its own.
+            // Each probe starts from no axis renaming; probes share their answers. A class
+            // that represents a statement has an e-node whose first operand's class represents
+            // that operand (under a renaming that extends none), so only parents of those are
+            // probed.
             let mut culprit = None;
-            let classes: Vec<Id> = g.egraph.classes().map(|c| c.id).collect();
+            let all: Vec<Id> = g.egraph.classes().map(|c| c.id).collect();
+            let mut probe = Matcher::new(&g, &f.body, &prog.reducers, &module.reducers);
+            let mut reps: Vec<Vec<Id>> = vec![Vec::new(); f.body.nodes.len()];
             for id in f.body.ids() {
-                let mut probe = Matcher::new(&g, &f.body, &prog.reducers, &module.reducers);
-                if !classes.iter().any(|c| {
-                    probe.axes.clear();
-                    probe.represents(*c, id, &enodes)
-                }) {
+                let candidates = match f.body.node(id).kind.operands().first() {
+                    None => all.clone(),
+                    Some(first) => {
+                        let mut parents: Vec<Id> = reps[first.index()]
+                            .iter()
+                            .flat_map(|c| g.egraph[*c].parents())
+                            .map(|p| g.egraph.find(p))
+                            .collect();
+                        parents.sort_unstable();
+                        parents.dedup();
+                        parents
+                    }
+                };
+                let found: Vec<Id> = candidates
+                    .into_iter()
+                    .filter(|c| {
+                        probe.axes.clear();
+                        probe.steps = 0;
+                        probe.represents(*c, id, &enodes)
+                    })
+                    .collect();
+                if found.is_empty() {
                     culprit = Some(id);
                     break;
                 }
+                reps[id.index()] = found;
             }
             let mut d = Diagnostic::error(
                 dump.name_span,

@@ -9,7 +9,6 @@ use crate::egraph::extract::{
     reconstruct, summarize, Compaction, ExtractGraph, Extractor, HoleContext, HoleOrder, LowerCheck,
 };
 use crate::ir::{Function, Module, ReducerDef};
-use std::time::Duration;
 
 /// The Triton backend's lowerability test, as the extractor takes it: candidates of an
 /// e-graph whose reducers (the module's and those fusion generated) are `reducers`.
@@ -44,7 +43,7 @@ pub fn extract_info() -> PassInfo {
         },
         OptionInfo {
             name: "max-candidates",
-            kind: OptionKind::Int,
+            kind: OptionKind::Count,
             default: "1000",
             help: "stop after outputting this many candidates per e-graph",
         },
@@ -108,7 +107,7 @@ impl Pass for ExtractPass {
             .with_hole_order(self.hole_order)
             .with_hole_context(self.hole_context)
             .with_max_candidates(self.max_candidates.max(1))
-            .with_time_limit(Duration::from_secs_f64(self.time_limit.max(0.0)))
+            .with_time_limit(super::seconds(self.time_limit))
             .with_max_kernels(self.max_kernels);
         let mut funcs = Vec::new();
         let mut per_graph = Vec::new();
@@ -171,6 +170,22 @@ impl Pass for ExtractPass {
                 ));
             }
             let total = report.candidates.len();
+            // The output replaces the e-graph by its candidates: with none it would be an
+            // empty module, which is no program.
+            if total == 0 {
+                let help = match report.stop {
+                    crate::egraph::extract::ExtractStop::Exhausted => "every complete program was refused (no launch order, not lowerable, over max-kernels, or a fused result nobody reads; counters in --stats=json)".to_string(),
+                    _ => "raise the limit that stopped the search".to_string(),
+                };
+                errors.push(
+                    Diagnostic::error(
+                        g.name_span,
+                        format!("extract @{}: no candidate ({})", g.name, report.stop),
+                    )
+                    .with_help(help),
+                );
+                continue;
+            }
             let mut listed = Vec::new();
             for (i, c) in report.candidates.iter().enumerate() {
                 let name = format!("{}.c{i}", g.name);

@@ -53,7 +53,7 @@ pub fn triton_check_info() -> PassInfo {
         },
         OptionInfo {
             name: "blocks",
-            kind: OptionKind::Path,
+            kind: OptionKind::PowersOfTwo,
             default: "16,32",
             help: "block sizes to run each candidate with (every axis gets the same size)",
         },

@@ -46,6 +46,10 @@ pub trait Pass {
 pub enum OptionKind {
     Float,
     Int,
+    /// An integer of at least 1.
+    Count,
+    /// Comma-separated powers of two (Triton block sizes).
+    PowersOfTwo,
     Path,
     Bool,
     /// Comma-separated `name:value` pairs.
@@ -65,11 +69,29 @@ pub struct OptionInfo {
 
 /// Parsed, type-checked pass options (raw strings; accessors convert).
 #[derive(Clone, Debug, Default)]
-pub struct PassOptions(pub BTreeMap<String, String>);
+pub struct PassOptions {
+    pub values: BTreeMap<String, String>,
+    /// Where each option was written (`name=value` in the `<pipeline>` source).
+    pub spans: BTreeMap<String, crate::diag::Span>,
+}
+
+/// An error about a value an option named (a file that cannot be read or written): it points
+/// at the option in the pipeline when the option was written there.
+pub fn option_error(span: Option<crate::diag::Span>, message: String, help: &str) -> Diagnostic {
+    match span {
+        Some(s) => Diagnostic::error(s, message),
+        None => Diagnostic::global(crate::diag::Severity::Error, message),
+    }
+    .with_help(help.to_string())
+}
 
 impl PassOptions {
+    pub fn span(&self, name: &str) -> Option<crate::diag::Span> {
+        self.spans.get(name).copied()
+    }
+
     pub fn get<'a>(&'a self, info: &'a PassInfo, name: &str) -> &'a str {
-        self.0
+        self.values
             .get(name)
             .map(|s| s.as_str())
             .or_else(|| {
@@ -93,6 +115,11 @@ pub struct PassInfo {
 }
 
 /// Validates one option value against its declared kind.
+/// A `time-limit` option's value as a duration: one too long to represent means no limit.
+pub fn seconds(value: f64) -> std::time::Duration {
+    std::time::Duration::try_from_secs_f64(value.max(0.0)).unwrap_or(std::time::Duration::MAX)
+}
+
 pub fn check_option(kind: OptionKind, value: &str) -> Result<(), String> {
     match kind {
         OptionKind::Float => value
@@ -105,6 +132,21 @@ pub fn check_option(kind: OptionKind, value: &str) -> Result<(), String> {
             .parse::<u64>()
             .map(|_| ())
             .map_err(|_| format!("expected an integer, found `{value}`")),
+        OptionKind::Count => value
+            .parse::<u64>()
+            .ok()
+            .filter(|n| *n >= 1)
+            .map(|_| ())
+            .ok_or_else(|| format!("expected a positive integer, found `{value}`")),
+        OptionKind::PowersOfTwo => match value
+            .split(',')
+            .find(|w| !w.parse::<u64>().is_ok_and(|n| n.is_power_of_two()))
+        {
+            Some(bad) => Err(format!(
+                "expected comma-separated powers of two, found `{bad}`"
+            )),
+            None => Ok(()),
+        },
         OptionKind::Path => {
             if value.is_empty() {
                 Err("expected a file path".into())

@@ -7,7 +7,6 @@ use crate::egraph::rules::{all_rules, Family};
 use crate::egraph::runner::Runner;
 use crate::egraph::TypedEGraph;
 use crate::ir::{EGraphDump, Module};
-use std::time::Duration;
 
 pub fn saturate_info() -> PassInfo {
     const OPTIONS: &[OptionInfo] = &[
@@ -73,6 +72,7 @@ pub fn saturate_info() -> PassInfo {
 struct SaturatePass {
     scheduler: crate::egraph::runner::Scheduler,
     dot: Option<String>,
+    dot_span: Option<crate::diag::Span>,
     incremental: bool,
     node_limit: usize,
     iter_limit: usize,
@@ -93,6 +93,7 @@ impl SaturatePass {
             },
             incremental: opts.get(info, "search") == "incremental",
             dot: Some(opts.get(info, "dot").to_string()).filter(|s| !s.is_empty()),
+            dot_span: opts.span("dot"),
             node_limit: opts.get(info, "node-limit").parse().unwrap_or(20_000),
             iter_limit: opts.get(info, "iter-limit").parse().unwrap_or(30),
             time_limit: opts.get(info, "time-limit").parse().unwrap_or(30.0),
@@ -122,7 +123,7 @@ impl Pass for SaturatePass {
             let mut runner = Runner::default()
                 .with_node_limit(self.node_limit)
                 .with_iter_limit(self.iter_limit)
-                .with_time_limit(Duration::from_secs_f64(self.time_limit))
+                .with_time_limit(super::seconds(self.time_limit))
                 .with_families(self.families.clone())
                 .with_scheduler(self.scheduler)
                 .with_incremental_search(self.incremental);
@@ -185,9 +186,10 @@ impl Pass for SaturatePass {
         if let Some(path) = &self.dot {
             let text: String = dumps.iter().map(to_dot).collect();
             if let Err(e) = std::fs::write(path, text) {
-                errors.push(Diagnostic::global(
-                    Severity::Error,
+                errors.push(super::option_error(
+                    self.dot_span,
                     format!("saturate: cannot write `{path}`: {e}"),
+                    "name a file in a directory that exists and is writable",
                 ));
             }
         }

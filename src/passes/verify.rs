@@ -115,4 +115,110 @@ fn verify_egraph(g: &EGraphDump, env: &TypeEnv, diags: &mut Vec<Diagnostic>) {
             }
         }
     }
+    // Inputs are the function's arguments: one type per position, positions 0..n.
+    let mut inputs: std::collections::BTreeMap<u32, (&Type, crate::diag::Span)> =
+        Default::default();
+    for c in &g.classes {
+        for n in &c.nodes {
+            let Some(pos) = n.input else { continue };
+            match inputs.get(&pos) {
+                Some((t, first)) if **t != c.ty => diags.push(
+                    Diagnostic::error(
+                        n.span,
+                        format!("input {pos} has type {}, but elsewhere type {t}", c.ty),
+                    )
+                    .with_note(Some(*first), "first typed here")
+                    .with_help("an input is one argument of the function: give it one type"),
+                ),
+                Some(_) => {}
+                None => {
+                    inputs.insert(pos, (&c.ty, n.span));
+                }
+            }
+        }
+    }
+    for (i, (pos, (_, span))) in inputs.iter().enumerate() {
+        if *pos as usize != i {
+            diags.push(
+                Diagnostic::error(*span, format!("input {pos} is used, but input {i} is not"))
+                    .with_help("inputs are the function's arguments, numbered from 0 without gaps"),
+            );
+            break;
+        }
+    }
+    // Every class needs a finite term: an e-node whose operand classes have one in turn.
+    // (Found bottom-up: a node is finite once all its operand occurrences are.)
+    let index: std::collections::HashMap<u32, usize> = g
+        .classes
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (c.id, i))
+        .collect();
+    let mut pending: Vec<Vec<usize>> = Vec::new();
+    let mut users: Vec<Vec<(usize, usize)>> = vec![Vec::new(); g.classes.len()];
+    let mut finite = vec![false; g.classes.len()];
+    let mut ready = Vec::new();
+    for (ci, c) in g.classes.iter().enumerate() {
+        let mut counts = Vec::new();
+        for (ni, n) in c.nodes.iter().enumerate() {
+            let kids: Vec<usize> = n
+                .children
+                .iter()
+                .filter_map(|k| index.get(k).copied())
+                .collect();
+            if kids.len() != n.children.len() {
+                counts.push(usize::MAX); // an undefined operand: reported by the parser
+                continue;
+            }
+            for k in &kids {
+                users[*k].push((ci, ni));
+            }
+            if kids.is_empty() {
+                ready.push(ci);
+            }
+            counts.push(kids.len());
+        }
+        pending.push(counts);
+    }
+    while let Some(c) = ready.pop() {
+        if std::mem::replace(&mut finite[c], true) {
+            continue;
+        }
+        for &(ci, ni) in &users[c] {
+            let left = &mut pending[ci][ni];
+            *left -= 1;
+            if *left == 0 {
+                ready.push(ci);
+            }
+        }
+    }
+    if let Some(c) = g
+        .classes
+        .iter()
+        .zip(&finite)
+        .find(|(_, f)| !**f)
+        .map(|(c, _)| c)
+    {
+        diags.push(
+            Diagnostic::error(c.span, format!("e-class %{} has no finite term", c.id))
+                .with_help("every e-node of it uses the class itself, directly or through other classes: give it an e-node that bottoms out in inputs or constants"),
+        );
+    }
+    // A root is a result of the function the e-graph stands for: the same rule holds.
+    for r in &g.roots {
+        let Some(t) = types.get(r).filter(|t| has_parallel_state(t)) else {
+            continue;
+        };
+        let class_span = g.classes.iter().find(|c| c.id == *r).map(|c| c.span);
+        diags.push(
+            Diagnostic::error(
+                g.roots_span,
+                format!("e-graph root %{r} has parallel state: {t}"),
+            )
+            .with_help(
+                "roots are results and live in global memory: a root class must be tensor-level",
+            )
+            .with_note(class_span, "e-class declared here"),
+        );
+    }
 }
