@@ -346,7 +346,6 @@ pub fn emit_function(
     let mut host = String::new();
     let mut launches = Vec::new();
     let mut allocs = Vec::new();
-    let used_axes: &BTreeSet<String> = &ctx.axes;
     for (ki, k) in g.kernels.iter().enumerate() {
         for o in &k.outputs {
             if buffer.contains_key(&(*o, 0)) {
@@ -404,7 +403,8 @@ pub fn emit_function(
         g.kernels.len()
     );
     host.push_str("    if empty is None:\n        import torch\n\n        def empty(shape, dtype, like):\n            return torch.empty(shape, dtype=getattr(torch, dtype), device=like.device)\n\n");
-    let mut sched: Vec<String> = used_axes
+    let mut sched: Vec<String> = ctx
+        .axes
         .iter()
         .filter(|a| ctx.axis_dim.contains_key(*a))
         .map(|a| format!("\"BLOCK_{a}\": 16"))
@@ -437,7 +437,7 @@ pub fn emit_function(
         }
         let _ = writeln!(host, "    P_{0} = {1}", b.name, padded_len(&ctx, &b.name));
     }
-    for a in used_axes {
+    for a in &ctx.axes {
         if let Some(d) = ctx.axis_dim.get(a) {
             let _ = writeln!(
                 host,

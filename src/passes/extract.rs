@@ -106,7 +106,7 @@ impl Pass for ExtractPass {
             .with_compaction(self.compaction)
             .with_hole_order(self.hole_order)
             .with_hole_context(self.hole_context)
-            .with_max_candidates(self.max_candidates.max(1))
+            .with_max_candidates(self.max_candidates)
             .with_time_limit(super::seconds(self.time_limit))
             .with_max_kernels(self.max_kernels);
         let mut funcs = Vec::new();

@@ -114,12 +114,12 @@ pub struct PassInfo {
     pub create: fn(&PassInfo, &PassOptions) -> Box<dyn Pass>,
 }
 
-/// Validates one option value against its declared kind.
 /// A `time-limit` option's value as a duration: one too long to represent means no limit.
 pub fn seconds(value: f64) -> std::time::Duration {
     std::time::Duration::try_from_secs_f64(value.max(0.0)).unwrap_or(std::time::Duration::MAX)
 }
 
+/// Validates one option value against its declared kind.
 pub fn check_option(kind: OptionKind, value: &str) -> Result<(), String> {
     match kind {
         OptionKind::Float => value

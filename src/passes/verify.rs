@@ -209,7 +209,7 @@ fn verify_egraph(g: &EGraphDump, env: &TypeEnv, diags: &mut Vec<Diagnostic>) {
         let Some(t) = types.get(r).filter(|t| has_parallel_state(t)) else {
             continue;
         };
-        let class_span = g.classes.iter().find(|c| c.id == *r).map(|c| c.span);
+        let class_span = index.get(r).map(|i| g.classes[*i].span);
         diags.push(
             Diagnostic::error(
                 g.roots_span,
