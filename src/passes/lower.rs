@@ -55,7 +55,7 @@ pub fn triton_check_info() -> PassInfo {
             name: "blocks",
             kind: OptionKind::PowersOfTwo,
             default: "16,32",
-            help: "block sizes to run each candidate with (every axis gets the same size)",
+            help: "block sizes to run each candidate with, powers of two as Triton requires (every axis gets the same size)",
         },
         super::check::SAMPLE_OPTION,
         super::check::TOL_OPTION,
