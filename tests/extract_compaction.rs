@@ -32,10 +32,26 @@ fn extractor(g: &TypedEGraph, mode: Compaction) -> Extractor {
         ))
 }
 
-/// The example's e-graph after `iterations` iterations of saturation.
+/// A row normalisation before a matmul, small enough to enumerate fully after three
+/// iterations: its statistic's pointwise tail (`+ 1e-6`, `rsqrt`) can be computed before the
+/// store, after the load (64 classes; 104 when that was part of the form) or in a kernel of
+/// its own.
+const ROW_SCALE_MATMUL: &str = "func row_scale_matmul where M = 8, K = 32, N = 16 {
+  x: tensor<MxK, f32> = input
+  w: tensor<KxN, f32> = input
+  ss = reduce (square(x)) axis=K reducer=@add keep_dims
+  return matmul(x * rsqrt(ss + 1e-6), w) acc=f32
+}
+";
+
+/// The example's e-graph after `iterations` iterations of saturation (`row_scale_matmul`: the
+/// program above).
 fn saturated_example(name: &str, iterations: usize) -> TypedEGraph {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let text = std::fs::read_to_string(root.join(format!("examples/{name}.ef"))).unwrap();
+    let text = match name {
+        "row_scale_matmul" => ROW_SCALE_MATMUL.to_string(),
+        _ => std::fs::read_to_string(root.join(format!("examples/{name}.ef"))).unwrap(),
+    };
     let mut g = egraph_of(&text);
     Runner::default()
         .with_iter_limit(iterations)
@@ -63,11 +79,13 @@ fn classes(g: &TypedEGraph, x: &ExtractGraph, mode: Compaction) -> (Vec<String>,
 fn early_compaction_keeps_one_representative_of_every_class() {
     // (example, saturation iteration limit, also compare `none`): the small ones saturate; nGPT
     // cut at four iterations is a medium-size e-graph (63 classes, 99 lowerable ≈-classes)
-    // that full enumeration still finishes.
+    // that full enumeration still finishes, and so is the row-scaled matmul at three (4,800
+    // complete candidates, where a pointwise tail moves across a store).
     for (name, iterations, with_none) in [
         ("rowsum", 30, true),
         ("rowsum_tiled", 30, true),
         ("matmul_exp", 30, true),
+        ("row_scale_matmul", 3, false),
         ("ngpt", 4, false),
     ] {
         let g = saturated_example(name, iterations);
@@ -378,6 +396,47 @@ fn one_kernel_written_two_ways_is_one_class() {
         unchecked_form_of(&scaled(
             "reduce (replicate[n](replicate[k](collection[k](partial)))) axis=0 reducer=@add"
         ))
+    );
+}
+
+/// Where a kernel boundary cuts a pointwise chain is not part of the form: a pointwise tail
+/// the producer applies before storing and the same tail the consumer applies after loading
+/// are one class. Computing the tail in a kernel of its own is another (one more kernel and
+/// stored value), and so is moving a cast across the store (it changes the stored bytes).
+#[test]
+fn a_pointwise_tail_on_either_side_of_a_store_is_one_class() {
+    let program = |stored: &str, tensor_level: &str, scaled: &str| {
+        form_of(&format!(
+            "func f where M = 16, N = 32 {{\n  x: tensor<MxN, f32> = input\n  ss = combination[0,m]({stored})\n{tensor_level}  return combination[0,m](partition[0,m](x) * {scaled})\n}}\n"
+        ))
+    };
+    let tile_sum = "reduce (square(partition[0,m](x))) axis=1 reducer=@add keep_dims";
+    let before_store = program(
+        &format!("rsqrt({tile_sum} + 1e-6)"),
+        "",
+        "partition[0,m](ss)",
+    );
+    let after_load = program(tile_sum, "", "rsqrt(partition[0,m](ss) + 1e-6)");
+    let split = program(
+        &format!("{tile_sum} + 1e-6"),
+        "",
+        "rsqrt(partition[0,m](ss))",
+    );
+    let own_kernel = program(tile_sum, "  t = rsqrt(ss + 1e-6)\n", "partition[0,m](t)");
+    assert_eq!(before_store, after_load);
+    assert_eq!(before_store, split);
+    assert_ne!(before_store, own_kernel);
+    assert_ne!(
+        program(
+            &format!("cast({tile_sum}) to=bf16"),
+            "",
+            "cast(partition[0,m](ss)) to=f32"
+        ),
+        program(
+            tile_sum,
+            "",
+            "cast(cast(partition[0,m](ss)) to=bf16) to=f32"
+        )
     );
 }
 

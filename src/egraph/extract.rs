@@ -10,8 +10,9 @@
 //! order of commutative pointwise operators (and, inside a kernel, the grouping of a chain of
 //! one associative operator), in the order in which a value's parallel views
 //! (`partition`/`replicate`) or a result's `combination`s are written, or in where a
-//! `replicate` or `combination` sits relative to pointwise operators computed in a kernel, are
-//! one class. Validity adds that each value is computed once (`computed_once`), and that the
+//! `replicate` or `combination` sits relative to pointwise operators computed in a kernel, or
+//! in where a kernel boundary cuts a pointwise chain (a tail applied before a store or after
+//! the load: `Key::Epilogue`), are one class. Validity adds that each value is computed once (`computed_once`), and that the
 //! kernels have a launch order — checked on partial programs as far as their resolved
 //! classes decide it (`launch_order_impossible`), and on complete ones by `lower`.
 //! Matmul structure, reduction organisation and intermediate storage stay distinct. Each
@@ -48,7 +49,7 @@
 
 use super::graph::TypedEGraph;
 use super::lang::{ENode, Op};
-use crate::ir::{BinaryOp, Body, ExprKind, Function, Node, NodeId, Sym, Type};
+use crate::ir::{BinaryOp, Body, DType, ExprKind, Function, Node, NodeId, Sym, Type};
 use crate::lower::tiled;
 use egg::Id;
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -215,24 +216,16 @@ impl<'a> ExtractGraph<'a> {
                 ns.retain(|(n, _)| !in_kernel(n));
             }
         }
-        // Classes with a finite term: least fixed point from the leaves.
-        let mut finite = vec![false; ids.len()];
-        loop {
-            let mut changed = false;
-            for (c, ns) in nodes.iter().enumerate() {
-                if !finite[c]
-                    && ns
-                        .iter()
-                        .any(|(_, k)| k.iter().all(|k| finite[*k as usize]))
-                {
-                    finite[c] = true;
-                    changed = true;
-                }
-            }
-            if !changed {
-                break;
-            }
-        }
+        // Classes with a finite term, bottom-up from the leaves.
+        let operands: Vec<Vec<Vec<usize>>> = nodes
+            .iter()
+            .map(|ns| {
+                ns.iter()
+                    .map(|(_, k)| k.iter().map(|k| *k as usize).collect())
+                    .collect()
+            })
+            .collect();
+        let finite = super::finite::bottom_up(&operands).finite;
         for ns in &mut nodes {
             ns.retain(|(_, k)| k.iter().all(|k| finite[*k as usize]));
         }
@@ -526,6 +519,12 @@ enum Key {
     Views(u32, Vec<Op>),
     /// A value under a chain of `combination`s, in canonical order.
     Combinations(u32, Vec<Op>),
+    /// A pointwise operator a kernel applied to a tile before storing it, written over the
+    /// stored value: `combination(f(t))` as `f` of `combination(t)`. A kernel that loads it
+    /// computes `f` itself (`views`), so where a kernel boundary cuts a pointwise chain is
+    /// not part of the form; anywhere else it stays apart from the tensor-level `f`, which
+    /// is a kernel of its own.
+    Epilogue(Op, Vec<u32>),
 }
 
 fn commutative(op: &Op) -> bool {
@@ -586,6 +585,9 @@ struct KeyInfo {
     /// A rank-0 value without parallel state (a literal), which broadcasts to any tile.
     literal: bool,
     rank: usize,
+    /// The element type of a tensor: an epilogue moves across a store only when it leaves
+    /// the stored bytes alike.
+    dtype: Option<DType>,
 }
 
 /// Exact interning of canonical terms: equal ids ⇔ equal canonical forms.
@@ -709,6 +711,26 @@ impl Interner {
             base = *b;
         }
         let info = self.info(base);
+        if let Some(Key::Epilogue(op, ks)) = self.key(base) {
+            // A loaded epilogue is computed by the loading kernel, on the loaded tiles.
+            let (op, ks) = (op.clone(), ks.clone());
+            let kids = ks
+                .iter()
+                .map(|k| {
+                    if self.info(*k).literal {
+                        *k
+                    } else {
+                        self.views(*k, chain.clone())
+                    }
+                })
+                .collect();
+            let tile = KeyInfo {
+                tiled: true,
+                literal: false,
+                ..info
+            };
+            return self.node(op, kids, tile);
+        }
         if replica_axes(&chain).len() == chain.len() {
             // The replicas the base lets through sink to its operands and the others stay
             // around it, each judged alone: a fold over `a` lets all but those along `a`
@@ -743,7 +765,7 @@ impl Interner {
         let info = KeyInfo {
             tiled: true,
             literal: false,
-            rank: info.rank,
+            ..info
         };
         self.intern(Key::Views(base, chain), info)
     }
@@ -763,7 +785,41 @@ impl Interner {
         if chain.is_empty() {
             return base;
         }
+        if !info.tiled {
+            if let Some(id) = self.epilogue(base, &chain, info) {
+                return id;
+            }
+        }
         self.intern(Key::Combinations(base, chain), info)
+    }
+
+    /// A store (`chain` combining `base` into a value without parallel state) of a pointwise
+    /// operator on one tile and literals that keeps the tile's element type and rank: the
+    /// operator as an `Epilogue` over the stored tile.
+    fn epilogue(&mut self, base: u32, chain: &[Op], info: KeyInfo) -> Option<u32> {
+        let Some(Key::Node(op, ks)) = self.key(base) else {
+            return None;
+        };
+        if !is_pointwise(op) || matches!(op, Op::Cast(_)) || !self.info(base).tiled {
+            return None;
+        }
+        let mut tiles = ks.iter().filter(|k| !self.info(**k).literal);
+        let tile = *tiles.next()?;
+        let t = self.info(tile);
+        if tiles.next().is_some() || t.dtype != info.dtype || t.rank != info.rank || !t.tiled {
+            return None;
+        }
+        let (op, mut ks) = (op.clone(), ks.clone());
+        let stored = self.combinations(tile, chain.to_vec(), info);
+        for k in &mut ks {
+            if *k == tile {
+                *k = stored;
+            }
+        }
+        if commutative(&op) {
+            ks.sort();
+        }
+        Some(self.intern(Key::Epilogue(op, ks), info))
     }
 
     /// `reduce (collection[a](x)) axis=0` inside a kernel (or its all-reduce form
@@ -904,11 +960,13 @@ fn type_info(ty: Option<&Type>) -> KeyInfo {
             tiled: !t.par.is_empty(),
             literal: t.shape.is_empty() && t.par.is_empty(),
             rank: t.shape.len(),
+            dtype: Some(t.dtype),
         },
         _ => KeyInfo {
             tiled: tiled(ty),
             literal: false,
             rank: 0,
+            dtype: None,
         },
     }
 }
@@ -1074,6 +1132,9 @@ pub fn canonical_text(x: &ExtractGraph, choice: &Choice) -> String {
             Some(Key::Node(op, ks)) => {
                 let tiled = if i.info(id).tiled { "ᵗ" } else { "" };
                 format!("{op:?}{tiled}{}", kids(ks, commutative(op), memo))
+            }
+            Some(Key::Epilogue(op, ks)) => {
+                format!("{op:?}ᵉ{}", kids(ks, commutative(op), memo))
             }
             Some(Key::Views(b, ops)) | Some(Key::Combinations(b, ops)) => {
                 format!("{ops:?}{}", kids(&[*b], false, memo))

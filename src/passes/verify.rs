@@ -147,51 +147,30 @@ fn verify_egraph(g: &EGraphDump, env: &TypeEnv, diags: &mut Vec<Diagnostic>) {
         }
     }
     // Every class needs a finite term: an e-node whose operand classes have one in turn.
-    // (Found bottom-up: a node is finite once all its operand occurrences are.)
     let index: std::collections::HashMap<u32, usize> = g
         .classes
         .iter()
         .enumerate()
         .map(|(i, c)| (c.id, i))
         .collect();
-    let mut pending: Vec<Vec<usize>> = Vec::new();
-    let mut users: Vec<Vec<(usize, usize)>> = vec![Vec::new(); g.classes.len()];
-    let mut finite = vec![false; g.classes.len()];
-    let mut ready = Vec::new();
-    for (ci, c) in g.classes.iter().enumerate() {
-        let mut counts = Vec::new();
-        for (ni, n) in c.nodes.iter().enumerate() {
-            let kids: Vec<usize> = n
-                .children
+    let operands: Vec<Vec<Vec<usize>>> = g
+        .classes
+        .iter()
+        .map(|c| {
+            c.nodes
                 .iter()
-                .filter_map(|k| index.get(k).copied())
-                .collect();
-            if kids.len() != n.children.len() {
-                counts.push(usize::MAX); // an undefined operand: reported by the parser
-                continue;
-            }
-            for k in &kids {
-                users[*k].push((ci, ni));
-            }
-            if kids.is_empty() {
-                ready.push(ci);
-            }
-            counts.push(kids.len());
-        }
-        pending.push(counts);
-    }
-    while let Some(c) = ready.pop() {
-        if std::mem::replace(&mut finite[c], true) {
-            continue;
-        }
-        for &(ci, ni) in &users[c] {
-            let left = &mut pending[ci][ni];
-            *left -= 1;
-            if *left == 0 {
-                ready.push(ci);
-            }
-        }
-    }
+                .map(|n| {
+                    // An undefined operand (reported by the parser) is past the last class.
+                    let missing = g.classes.len();
+                    n.children
+                        .iter()
+                        .map(|k| index.get(k).copied().unwrap_or(missing))
+                        .collect()
+                })
+                .collect()
+        })
+        .collect();
+    let finite = crate::egraph::finite::bottom_up(&operands).finite;
     if let Some(c) = g
         .classes
         .iter()
