@@ -479,3 +479,105 @@ fn refused_candidates_are_counted_and_not_output() {
         Some("more than one kernel")
     );
 }
+
+/// Whether a printed candidate stores a value, other than a result, computed without any
+/// reduction or matrix product: read off the text, with named intermediates inlined, so it
+/// does not share code with the extractor's check on partial programs.
+fn stores_pointwise_only(text: &str) -> bool {
+    let mut defs: Vec<(String, String)> = Vec::new();
+    for line in text.lines() {
+        let Some((name, expr)) = line.trim().split_once(" = ") else {
+            continue;
+        };
+        let name = name.split(':').next().unwrap_or(name).trim().to_string();
+        defs.push((name, expr.to_string()));
+    }
+    let heavy = |mut expr: String| {
+        // Inline named intermediates until the expression mentions a heavy operator or no
+        // name is left to inline (each name stands for an earlier line).
+        for _ in 0..defs.len() {
+            if expr.contains("reduce") || expr.contains("matmul") {
+                return true;
+            }
+            let mut changed = false;
+            for (name, def) in defs.iter().rev() {
+                let pattern = |s: &str, at: usize| {
+                    let before = s[..at].chars().last();
+                    let after = s[at + name.len()..].chars().next();
+                    let word = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_');
+                    !word(before) && !word(after)
+                };
+                if let Some(at) = expr
+                    .match_indices(name.as_str())
+                    .map(|(i, _)| i)
+                    .find(|i| pattern(&expr, *i))
+                {
+                    // Another stored value is a load here, not work of this kernel.
+                    if def != "input" && !def.starts_with("fill") && !name.starts_with("stored") {
+                        expr.replace_range(at..at + name.len(), &format!("({def})"));
+                        changed = true;
+                        break;
+                    }
+                }
+            }
+            if !changed {
+                break;
+            }
+        }
+        expr.contains("reduce") || expr.contains("matmul")
+    };
+    defs.iter()
+        .filter(|(name, _)| name.starts_with("stored"))
+        .any(|(_, expr)| !heavy(expr.clone()))
+}
+
+/// `pointwise-kernels=drop` refuses exactly the candidates that store a value computed only
+/// by pointwise operators (and data movement), and pruning partial programs for it loses no
+/// other class: the classes found with it are those found without it, less the ones whose
+/// representative stores such a value.
+#[test]
+fn dropping_pointwise_kernels_refuses_exactly_the_programs_that_have_one() {
+    let g = saturated_example("row_scale_matmul", 3);
+    let x = ExtractGraph::new(&g).expect("extractable");
+    let run = |drop: bool| {
+        let report = extractor(&g, Compaction::Early)
+            .with_no_pointwise_kernels(drop)
+            .run(&x);
+        assert_eq!(report.stop, ExtractStop::Exhausted);
+        report
+            .candidates
+            .iter()
+            .map(|c| {
+                let mut f = efopt::egraph::extract::reconstruct(&x, &c.choice, "f");
+                efopt::egraph::extract::summarize(&mut f);
+                let text =
+                    efopt::ir::print::print_function(&f, efopt::ir::print::PrintOptions::default());
+                (canonical_text(&x, &c.choice), text)
+            })
+            .collect::<Vec<_>>()
+    };
+    let kept = run(false);
+    let dropped = run(true);
+    let with_one: BTreeSet<&String> = kept
+        .iter()
+        .filter(|(_, text)| stores_pointwise_only(text))
+        .map(|(form, _)| form)
+        .collect();
+    let expected: BTreeSet<&String> = kept
+        .iter()
+        .map(|(form, _)| form)
+        .filter(|form| !with_one.contains(form))
+        .collect();
+    let found: BTreeSet<&String> = dropped.iter().map(|(form, _)| form).collect();
+    assert!(!with_one.is_empty(), "the example has no pointwise kernel");
+    assert!(!found.is_empty(), "nothing left");
+    assert!(
+        found == expected,
+        "{} classes found with `drop`, {} expected; {} only found, {} only expected",
+        found.len(),
+        expected.len(),
+        found.difference(&expected).count(),
+        expected.difference(&found).count()
+    );
+    assert!(dropped.iter().all(|(_, text)| !stores_pointwise_only(text)));
+}

@@ -123,6 +123,9 @@ pub struct ExtractReport {
     /// Partial or complete programs pruned for recomputing a value they also store (see
     /// `computed_once`).
     pub recomputed: usize,
+    /// Partial or complete programs pruned for a pointwise kernel (with
+    /// `Extractor::no_pointwise_kernels`; see `has_pointwise_kernel`).
+    pub pointwise_kernels: usize,
     /// Classes resolved by unit propagation (one e-node, so one way) in the state that made
     /// them reachable, instead of by an expansion of their own.
     pub forced: usize,
@@ -1275,6 +1278,63 @@ fn no_dead_components(f: &Function, env: &crate::passes::typing::TypeEnv) -> boo
         })
 }
 
+/// Whether a partial program has a *pointwise kernel*: a kernel that only loads, applies
+/// pointwise operators or moves data (transpose, reshape, broadcast) and stores a value that
+/// is not a result — work its readers could do on their own loads. It is a tensor-level
+/// pointwise operator (a kernel of its own by default tiling) or a stored tile computation
+/// without a reduction or a matrix product. Judged on resolved classes: a tile computation
+/// that reaches a hole is not judged yet, so the verdict holds for every completion. Moving a
+/// pointwise tail across a store keeps it (`Key::Epilogue`), so ≈ programs share it.
+fn has_pointwise_kernel(x: &ExtractGraph, choice: &Choice, met: &[u32], seen: &mut Marks) -> bool {
+    let light = |op: &Op| {
+        is_pointwise(op)
+            || matches!(
+                op,
+                Op::Transpose(_) | Op::Reshape(_) | Op::Broadcast(_) | Op::Tuple | Op::Get(_)
+            )
+    };
+    for &c in met {
+        let pick = choice[c as usize];
+        if pick == NONE || class_tiled(x, c) || x.constant[c as usize] || x.roots.contains(&c) {
+            continue;
+        }
+        let (node, kids) = &x.nodes[c as usize][pick as usize];
+        if light(&node.op) && is_compute(&node.op) {
+            return true;
+        }
+        if !matches!(node.op, Op::Combination(..) | Op::Collection(_)) {
+            continue;
+        }
+        // The stored tile computation, down to its loads.
+        seen.clear();
+        let mut stack: Vec<u32> = kids.to_vec();
+        let mut only_light = true;
+        while let Some(k) = stack.pop() {
+            if !class_tiled(x, k) || !seen.mark(k) {
+                continue; // a load's source, a literal, or met before
+            }
+            let pick = choice[k as usize];
+            if pick == NONE {
+                only_light = false; // a hole decides
+                break;
+            }
+            let (op, grandkids) = (
+                &x.nodes[k as usize][pick as usize].0.op,
+                &x.nodes[k as usize][pick as usize].1,
+            );
+            if is_compute(op) && !light(op) {
+                only_light = false;
+                break;
+            }
+            stack.extend(grandkids.iter().copied());
+        }
+        if only_light {
+            return true;
+        }
+    }
+    false
+}
+
 /// A lower bound on the kernels of any completion of a partial program: each picked
 /// tensor-level operator on tensor-level operands is a kernel of its own (default tiling), a
 /// tiled region is at least one more, and a computed tensor-level value read by another
@@ -1848,6 +1908,9 @@ pub struct Extractor {
     pub unit_propagation: bool,
     /// Called about four times a second once a run passes one second (`ExtractProgress`).
     pub progress: Option<ProgressFn>,
+    /// Refuse programs with a pointwise kernel (`has_pointwise_kernel`); off by default, since
+    /// they are distinct implementations.
+    pub no_pointwise_kernels: bool,
 }
 
 /// Where a long extraction stands: what a progress line shows.
@@ -1879,6 +1942,7 @@ impl Default for Extractor {
             prune_no_launch_order: true,
             unit_propagation: true,
             progress: None,
+            no_pointwise_kernels: false,
         }
     }
 }
@@ -1906,6 +1970,13 @@ impl Extractor {
 
     pub fn with_max_kernels(mut self, n: Option<usize>) -> Self {
         self.max_kernels = n;
+        self
+    }
+
+    /// Refuse candidates with a kernel that only applies pointwise operators (or moves data)
+    /// and stores a value another kernel reads; partial programs that have one are pruned.
+    pub fn with_no_pointwise_kernels(mut self, on: bool) -> Self {
+        self.no_pointwise_kernels = on;
         self
     }
 
@@ -1982,6 +2053,7 @@ impl Extractor {
         let mut taken = 0usize;
         let mut over_kernels = 0usize;
         let mut recomputed = 0usize;
+        let mut pointwise_kernels = 0usize;
         let mut equivalent = 0usize;
         let mut not_lowerable = 0usize;
         let mut first_refusal: Option<String> = None;
@@ -2052,6 +2124,10 @@ impl Extractor {
             }
             if !computed_once(x, &s, (visited, met), holes.is_empty(), &mut once_scratch) {
                 recomputed += 1;
+                continue;
+            }
+            if self.no_pointwise_kernels && has_pointwise_kernel(x, &s, met, &mut scratch) {
+                pointwise_kernels += 1;
                 continue;
             }
             if self.prune_no_launch_order
@@ -2214,6 +2290,7 @@ impl Extractor {
             no_launch_order,
             over_kernels,
             recomputed,
+            pointwise_kernels,
             forced,
             equivalent,
             not_lowerable,

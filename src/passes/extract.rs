@@ -54,6 +54,12 @@ pub fn extract_info() -> PassInfo {
             help: "only candidates with at most this many kernels (0: any); partial programs that must exceed it are pruned",
         },
         OptionInfo {
+            name: "pointwise-kernels",
+            kind: OptionKind::Choice(&["keep", "drop"]),
+            default: "keep",
+            help: "`drop`: no candidate has a kernel that only applies pointwise operators (or transposes, reshapes, broadcasts) to loads and stores a value another kernel reads, work its readers could do on their own loads; `keep` outputs them, as the distinct implementations they are",
+        },
+        OptionInfo {
             name: "time-limit",
             kind: OptionKind::Float,
             default: "60",
@@ -80,6 +86,7 @@ pub fn extract_info() -> PassInfo {
                     .parse()
                     .ok()
                     .filter(|n: &usize| *n > 0),
+                no_pointwise_kernels: opts.get(info, "pointwise-kernels") == "drop",
             })
         },
     }
@@ -92,6 +99,7 @@ struct ExtractPass {
     max_candidates: usize,
     time_limit: f64,
     max_kernels: Option<usize>,
+    no_pointwise_kernels: bool,
 }
 
 impl Pass for ExtractPass {
@@ -108,7 +116,8 @@ impl Pass for ExtractPass {
             .with_hole_context(self.hole_context)
             .with_max_candidates(self.max_candidates)
             .with_time_limit(super::seconds(self.time_limit))
-            .with_max_kernels(self.max_kernels);
+            .with_max_kernels(self.max_kernels)
+            .with_no_pointwise_kernels(self.no_pointwise_kernels);
         let mut funcs = Vec::new();
         let mut per_graph = Vec::new();
         let mut errors = Vec::new();
@@ -174,7 +183,7 @@ impl Pass for ExtractPass {
             // empty module, which is no program.
             if total == 0 {
                 let help = match report.stop {
-                    crate::egraph::extract::ExtractStop::Exhausted => "every complete program was refused (no launch order, not lowerable, over max-kernels, or a fused result nobody reads; counters in --stats=json)".to_string(),
+                    crate::egraph::extract::ExtractStop::Exhausted => "every complete program was refused (no launch order, not lowerable, over max-kernels, with a pointwise kernel under pointwise-kernels=drop, or a fused result nobody reads; counters in --stats=json)".to_string(),
                     _ => "raise the limit that stopped the search".to_string(),
                 };
                 errors.push(
@@ -212,6 +221,7 @@ impl Pass for ExtractPass {
                 "complete_candidates": report.complete,
                 "rejected_no_launch_order": report.rejected,
                 "pruned_over_max_kernels": report.over_kernels,
+                "pruned_pointwise_kernels": report.pointwise_kernels,
                 "pruned_computing_twice": report.recomputed,
                 "forced_picks": report.forced,
                 "pruned_equivalent": report.equivalent,
