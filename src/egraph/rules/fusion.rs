@@ -161,12 +161,14 @@ fn product_fusion(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
     };
     // A partner class whose every candidate is already fused with this reduction (each class
     // holding its component) yields only known terms: skip it before the costlier
-    // independence test.
+    // independence test. Fused in either order: class order is egg's id order, which depends
+    // on the order e-nodes were added (a dump loaded in another order would otherwise gain
+    // the mirrored product).
     let mut open = Vec::new();
     for group in candidates.chunk_by(|p, q| p.0 == q.0) {
         let fused = group.iter().all(|&(other, y, rb)| {
             let (a, b) = ordered(other, y, rb);
-            already_fused(eg, *axis, a, b)
+            already_fused(eg, *axis, a, b) || already_fused(eg, *axis, b, a)
         });
         if !fused {
             open.extend_from_slice(group);
