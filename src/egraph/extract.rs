@@ -717,16 +717,7 @@ impl Interner {
         if let Some(Key::Epilogue(op, ks)) = self.key(base) {
             // A loaded epilogue is computed by the loading kernel, on the loaded tiles.
             let (op, ks) = (op.clone(), ks.clone());
-            let kids = ks
-                .iter()
-                .map(|k| {
-                    if self.info(*k).literal {
-                        *k
-                    } else {
-                        self.views(*k, chain.clone())
-                    }
-                })
-                .collect();
+            let kids = self.operand_views(&ks, &chain);
             let tile = KeyInfo {
                 tiled: true,
                 literal: false,
@@ -747,16 +738,7 @@ impl Interner {
                 .filter(|_| !axes.is_empty())
             {
                 let (op, ks) = (op.clone(), ks.to_vec());
-                let kids = ks
-                    .iter()
-                    .map(|k| {
-                        if self.info(*k).literal {
-                            *k
-                        } else {
-                            self.views(*k, pass.clone())
-                        }
-                    })
-                    .collect();
+                let kids = self.operand_views(&ks, &pass);
                 let sunk = self.node(op, kids, info);
                 return self.views(sunk, stay);
             }
@@ -771,6 +753,20 @@ impl Interner {
             ..info
         };
         self.intern(Key::Views(base, chain), info)
+    }
+
+    /// `chain` applied to each operand of an operator moved inside the views, but literals,
+    /// which broadcast to any tile as they are.
+    fn operand_views(&mut self, ks: &[u32], chain: &[Op]) -> Vec<u32> {
+        ks.iter()
+            .map(|k| {
+                if self.info(*k).literal {
+                    *k
+                } else {
+                    self.views(*k, chain.to_vec())
+                }
+            })
+            .collect()
     }
 
     /// `chain` of combinations (innermost first) applied to `base`, in normal form: nested
