@@ -1282,12 +1282,9 @@ fn no_dead_components(f: &Function, env: &crate::passes::typing::TypeEnv) -> boo
 /// that reaches a hole is not judged yet, so the verdict holds for every completion. Moving a
 /// pointwise tail across a store keeps it (`Key::Epilogue`), so ≈ programs share it.
 fn has_pointwise_kernel(x: &ExtractGraph, choice: &Choice, met: &[u32], seen: &mut Marks) -> bool {
+    // Tuple plumbing is no computation (`is_compute`), so the walk passes through it too.
     let light = |op: &Op| {
-        is_pointwise(op)
-            || matches!(
-                op,
-                Op::Transpose(_) | Op::Reshape(_) | Op::Broadcast(_) | Op::Tuple | Op::Get(_)
-            )
+        is_pointwise(op) || matches!(op, Op::Transpose(_) | Op::Reshape(_) | Op::Broadcast(_))
     };
     for &c in met {
         let pick = choice[c as usize];

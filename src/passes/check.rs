@@ -278,17 +278,12 @@ impl CheckPass {
         let Some(path) = &self.against else {
             return Ok(None);
         };
-        let full =
-            if std::path::Path::new(path).is_absolute() || std::path::Path::new(path).exists() {
-                std::path::PathBuf::from(path)
-            } else {
-                cx.base_dir.join(path)
-            };
+        let full = super::option_input_path(path, &cx.base_dir);
         let bytes = std::fs::read(&full).map_err(|e| {
             vec![super::option_error(
                 self.against_span,
                 format!("check: cannot read reference `{}`: {e}", full.display()),
-                "a relative path is looked up in the working directory, then beside the input file",
+                super::OPTION_PATH_HELP,
             )]
         })?;
         let text = String::from_utf8(bytes).map_err(|_| {

@@ -277,16 +277,12 @@ impl Pass for ContainsPass {
     }
 
     fn run(&mut self, module: &mut Module, cx: &mut PassContext) -> Result<(), Vec<Diagnostic>> {
-        let path = if std::path::Path::new(&self.program).exists() {
-            std::path::PathBuf::from(&self.program)
-        } else {
-            cx.base_dir.join(&self.program)
-        };
+        let path = super::option_input_path(&self.program, &cx.base_dir);
         let text = std::fs::read_to_string(&path).map_err(|e| {
             vec![super::option_error(
                 self.program_span,
                 format!("expect-contains: cannot read `{}`: {e}", path.display()),
-                "a relative path is looked up in the working directory, then beside the input file",
+                super::OPTION_PATH_HELP,
             )]
         })?;
         let id = cx.sources.add(path.display().to_string(), text.clone());

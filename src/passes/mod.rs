@@ -75,6 +75,21 @@ pub struct PassOptions {
     pub spans: BTreeMap<String, crate::diag::Span>,
 }
 
+/// Where a file an option names is read from: the path as written when it exists (or is
+/// absolute), else beside the input file.
+pub fn option_input_path(path: &str, base_dir: &std::path::Path) -> std::path::PathBuf {
+    let written = std::path::Path::new(path);
+    if written.is_absolute() || written.exists() {
+        written.to_path_buf()
+    } else {
+        base_dir.join(written)
+    }
+}
+
+/// The help of an error about a file `option_input_path` could not read.
+pub const OPTION_PATH_HELP: &str =
+    "a relative path is looked up in the working directory, then beside the input file";
+
 /// An error about a value an option named (a file that cannot be read or written): it points
 /// at the option in the pipeline when the option was written there.
 pub fn option_error(span: Option<crate::diag::Span>, message: String, help: &str) -> Diagnostic {
