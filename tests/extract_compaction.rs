@@ -271,6 +271,39 @@ fn pruning_partial_programs_without_launch_order_loses_no_class() {
     assert!(with.no_launch_order > 0 && with.rejected < without.rejected);
 }
 
+/// Product fusion leaves programs that read one component of a fused tuple reduction and
+/// compute the other a different way: the fused reduction computes a component for nothing,
+/// and such programs are no candidates. A partial program whose class holding `get[i](t)`
+/// already picked another e-node is cut off before its holes are resolved. That must change
+/// the work only: with and without the pruning, the same classes; on LoRA (which fuses
+/// independent reductions) fewer expanded states with it, and without it the refusals only
+/// come at completion.
+#[test]
+fn pruning_partial_programs_with_a_dead_component_loses_no_class() {
+    let runs = same_classes_on_saturated_workloads([
+        ("pruning", |e| e),
+        ("not pruning", |e| e.with_dead_component_pruning(false)),
+    ]);
+    for (name, [pruning, not_pruning]) in runs {
+        assert!(
+            pruning <= not_pruning,
+            "{name}: pruning expanded {pruning} states, not pruning {not_pruning}"
+        );
+    }
+    let [with, without] = default_and("lora", |e| e.with_dead_component_pruning(false));
+    assert_eq!(with.distinct, without.distinct);
+    assert!(
+        without.dead_components > 0,
+        "LoRA no longer has such programs"
+    );
+    assert!(
+        with.expanded < without.expanded,
+        "pruning expanded {}, not pruning {}",
+        with.expanded,
+        without.expanded
+    );
+}
+
 /// A class with one e-node can be resolved only one way, so it is resolved in the state that
 /// makes it reachable (unit propagation) instead of costing an expansion of its own. That must
 /// change the work only: with and without it, the same classes, and fewer expanded states with.

@@ -129,6 +129,9 @@ pub struct ExtractReport {
     /// Classes resolved by unit propagation (one e-node, so one way) in the state that made
     /// them reachable, instead of by an expansion of their own.
     pub forced: usize,
+    /// Partial or complete programs pruned for a tuple reduction with a component no
+    /// completion reads (see `dead_component`).
+    pub dead_components: usize,
     /// Partial programs pruned as ≈ₚ one already taken (early compaction only).
     pub equivalent: usize,
     /// Complete programs the backend refused to lower (see `Extractor::lowerable`).
@@ -168,6 +171,21 @@ pub struct ExtractGraph<'a> {
     /// Per class, the valid view e-nodes (`partition`, `replicate`) that read it: (class,
     /// e-node index).
     view_users: Vec<Vec<(u32, u32)>>,
+    /// Per tuple-typed class, who can read its components (see `dead_component`).
+    components: Vec<Option<ComponentReaders>>,
+    /// Per tiled class, whether some completion computes a reduction or a matrix product in
+    /// its tile computation (down to its loads); per untiled class, whether every e-node is
+    /// a pointwise kernel whatever the picks below it: see `has_pointwise_kernel`.
+    heavy_tile: Vec<bool>,
+    pointwise_only: Vec<bool>,
+}
+
+/// How a program can read the components of a tuple-typed class: whole (it is a result, or
+/// some e-node other than `get` takes it), or component `i` through the one e-node
+/// `get[i](t)` of the e-graph: (class, e-node index), `None` where no valid e-node reads it.
+struct ComponentReaders {
+    whole: bool,
+    gets: Vec<Option<(u32, u32)>>,
 }
 
 impl<'a> ExtractGraph<'a> {
@@ -353,9 +371,80 @@ impl<'a> ExtractGraph<'a> {
             .iter()
             .map(|id| type_info(eg[*id].data.as_ref()))
             .collect();
+        let mut components: Vec<Option<ComponentReaders>> = ids
+            .iter()
+            .map(|id| match eg[*id].data.as_ref() {
+                Some(Type::Tuple(ts)) => Some(ComponentReaders {
+                    whole: false,
+                    gets: vec![None; ts.len()],
+                }),
+                _ => None,
+            })
+            .collect();
+        for r in &roots {
+            if let Some(t) = components[*r as usize].as_mut() {
+                t.whole = true;
+            }
+        }
+        for (q, ns) in nodes.iter().enumerate() {
+            for (j, (n, kids)) in ns.iter().enumerate() {
+                for k in kids {
+                    let Some(t) = components[*k as usize].as_mut() else {
+                        continue;
+                    };
+                    let reader = Some((q as u32, j as u32));
+                    match n.op {
+                        // One `get[i](t)` per e-graph; were there two, reading stays open.
+                        Op::Get(i) if t.gets.get(i).is_some_and(|g| g.is_none()) => {
+                            t.gets[i] = reader
+                        }
+                        _ => t.whole = true,
+                    }
+                }
+            }
+        }
+        let is_tiled = |c: usize| tiled(eg[ids[c]].data.as_ref());
+        // Least fixpoint: heavy by an e-node of its own, or through a tiled operand.
+        let mut heavy_tile = vec![false; ids.len()];
+        loop {
+            let mut changed = false;
+            for (c, ns) in nodes.iter().enumerate() {
+                if heavy_tile[c] || !is_tiled(c) {
+                    continue;
+                }
+                let heavy = ns.iter().any(|(n, kids)| {
+                    (is_compute(&n.op) && !light(&n.op))
+                        || kids.iter().any(|k| heavy_tile[*k as usize])
+                });
+                if heavy {
+                    heavy_tile[c] = true;
+                    changed = true;
+                }
+            }
+            if !changed {
+                break;
+            }
+        }
+        let pointwise_only = nodes
+            .iter()
+            .enumerate()
+            .map(|(c, ns)| {
+                !is_tiled(c)
+                    && !constant[c]
+                    && !roots.contains(&(c as u32))
+                    && ns.iter().all(|(n, kids)| {
+                        (light(&n.op) && is_compute(&n.op))
+                            || (matches!(n.op, Op::Combination(..) | Op::Collection(_))
+                                && kids.iter().all(|k| !heavy_tile[*k as usize]))
+                    })
+            })
+            .collect();
         Ok(ExtractGraph {
             g,
             info,
+            components,
+            heavy_tile,
+            pointwise_only,
             ids,
             best,
             pick_cost,
@@ -607,6 +696,48 @@ struct Interner {
     /// tile) in its own form instead of that of `reduce … parallel=`: the finer relation
     /// early compaction prunes by (see `Extractor::run`).
     keep_stored_folds: bool,
+    /// The walk's shortcut to `table`: a class's canonical id by what decides it.
+    steps: StepMemo,
+}
+
+/// Canonical ids of walk steps. A class's canonical id is a function of its pick and the
+/// canonical ids of its operands (or, for a chain of views or combinations, of the picks
+/// along the chain and the id of its base): interning is a function of operand ids. Each
+/// step is recorded under those u32s, so the next partial program that shares it — most of
+/// a program is shared with its parent — finds the id without building, normalising and
+/// hashing its key again.
+#[derive(Default)]
+struct StepMemo {
+    /// `(start, len, id)`: the step `arena[start..start + len]` has canonical id `id`.
+    table: hashbrown::HashTable<(u32, u32, u32)>,
+    arena: Vec<u32>,
+}
+
+impl StepMemo {
+    fn hash(step: &[u32]) -> u64 {
+        use std::hash::BuildHasher;
+        rustc_hash::FxBuildHasher.hash_one(step)
+    }
+
+    fn get(&self, step: &[u32]) -> Option<u32> {
+        let arena = &self.arena;
+        self.table
+            .find(Self::hash(step), |&(start, len, _)| {
+                &arena[start as usize..(start + len) as usize] == step
+            })
+            .map(|&(_, _, id)| id)
+    }
+
+    fn insert(&mut self, step: &[u32], id: u32) {
+        let StepMemo { table, arena } = self;
+        let start = arena.len() as u32;
+        arena.extend_from_slice(step);
+        table.insert_unique(
+            Self::hash(step),
+            (start, step.len() as u32, id),
+            |&(s, l, _)| Self::hash(&arena[s as usize..(s + l) as usize]),
+        );
+    }
 }
 
 impl Interner {
@@ -1040,17 +1171,23 @@ impl<'g, 'a, 'f> Walk<'g, 'a, 'f> {
         }
         self.facts.visit(c);
         let info = class_info(self.x, c);
-        let id = match self.x.op(c, self.choice) {
-            None => {
-                self.facts.holes.push(c);
-                interner.intern(Key::Hole(c), info)
-            }
-            Some((n, kids))
-                if is_view(&n.op)
-                    || matches!(n.op, Op::Combination(..))
-                    || tile_transpose(&n.op, info) =>
-            {
-                let combos = matches!(n.op, Op::Combination(..));
+        let Some((n, kids)) = self.x.op(c, self.choice) else {
+            self.facts.holes.push(c);
+            let id = interner.intern(Key::Hole(c), info);
+            self.facts.memo[c as usize] = id;
+            return id;
+        };
+        // What decides the class's id (see `StepMemo`): the class and its pick, then the
+        // operands' ids, or the picks along a chain and the id of its base.
+        let mut step: smallvec::SmallVec<[u32; 8]> =
+            smallvec::smallvec![c, self.choice[c as usize]];
+        let chain_kind = if is_view(&n.op) || tile_transpose(&n.op, info) {
+            Some(false)
+        } else {
+            matches!(n.op, Op::Combination(..)).then_some(true)
+        };
+        let id = match chain_kind {
+            Some(combos) => {
                 let x = self.x;
                 let same_kind = |op: &Op, class: u32| {
                     if combos {
@@ -1059,47 +1196,48 @@ impl<'g, 'a, 'f> Walk<'g, 'a, 'f> {
                         is_view(op) || tile_transpose(op, class_info(x, class))
                     }
                 };
-                let mut chain = vec![n.op.clone()];
                 let mut cur = kids[0];
-                while let Some((m, k)) = self
+                while let Some((_, k)) = self
                     .x
                     .op(cur, self.choice)
                     .filter(|(m, _)| same_kind(&m.op, cur))
                 {
                     self.facts.visit(cur);
-                    chain.push(m.op.clone());
+                    step.extend([cur, self.choice[cur as usize]]);
                     cur = k[0];
                 }
                 let base = self.canon(cur, interner);
-                // Written innermost first; the sorts are stable, so same-dimension order is
-                // kept.
-                chain.reverse();
-                if combos {
-                    interner.combinations(base, chain, info)
+                step.push(base);
+                if let Some(id) = interner.steps.get(&step) {
+                    id
                 } else {
-                    interner.views(base, chain)
+                    // Written innermost first; the sorts are stable, so same-dimension order
+                    // is kept.
+                    let links = step[2..step.len() - 1].chunks(2);
+                    let mut chain: Vec<Op> = links
+                        .rev()
+                        .filter_map(|l| self.x.op(l[0], self.choice).map(|(m, _)| m.op.clone()))
+                        .collect();
+                    chain.push(n.op.clone());
+                    let id = if combos {
+                        interner.combinations(base, chain, info)
+                    } else {
+                        interner.views(base, chain)
+                    };
+                    interner.steps.insert(&step, id);
+                    id
                 }
             }
-            Some((n, kids)) => {
-                let ks: Vec<u32> = kids.iter().map(|k| self.canon(*k, interner)).collect();
-                if let Some(id) = interner.collection_fold(&n.op, &ks, info) {
-                    self.facts.memo[c as usize] = id;
-                    return id;
-                }
-                // A pointwise operator on partly combined tiles (the result is still tiled, so
-                // in the same kernel) is the operator on the tiles, combined: lift it inside
-                // the combinations.
-                let lifted = if is_pointwise(&n.op) && info.tiled {
-                    interner.common_combinations(&ks)
+            None => {
+                let ks: smallvec::SmallVec<[u32; 4]> =
+                    kids.iter().map(|k| self.canon(*k, interner)).collect();
+                step.extend_from_slice(&ks);
+                if let Some(id) = interner.steps.get(&step) {
+                    id
                 } else {
-                    None
-                };
-                match lifted {
-                    Some((bases, chain)) => {
-                        let inner = interner.node(n.op.clone(), bases, info);
-                        interner.combinations(inner, chain, info)
-                    }
-                    None => interner.node(n.op.clone(), ks, info),
+                    let id = canonical_node(&n.op, ks.to_vec(), info, interner);
+                    interner.steps.insert(&step, id);
+                    id
                 }
             }
         };
@@ -1150,6 +1288,28 @@ pub fn canonical_text(x: &ExtractGraph, choice: &Choice) -> String {
         out.push('\n');
     }
     out
+}
+
+/// The canonical id of `op` over operands with canonical ids `ks`.
+fn canonical_node(op: &Op, ks: Vec<u32>, info: KeyInfo, interner: &mut Interner) -> u32 {
+    if let Some(id) = interner.collection_fold(op, &ks, info) {
+        return id;
+    }
+    // A pointwise operator on partly combined tiles (the result is still tiled, so in the
+    // same kernel) is the operator on the tiles, combined: lift it inside the
+    // combinations.
+    let lifted = if is_pointwise(op) && info.tiled {
+        interner.common_combinations(&ks)
+    } else {
+        None
+    };
+    match lifted {
+        Some((bases, chain)) => {
+            let inner = interner.node(op.clone(), bases, info);
+            interner.combinations(inner, chain, info)
+        }
+        None => interner.node(op.clone(), ks, info),
+    }
 }
 
 /// True when `from`, following picked e-nodes, reaches `target`. With `through_holes`, also
@@ -1243,6 +1403,45 @@ fn loadable(x: &ExtractGraph, choice: &Choice, mut c: u32) -> Option<bool> {
 /// puts each component in the class of its unfused reduction). Likewise a candidate that fuses
 /// a value into a reduction and then computes it again elsewhere does the work twice. Judged
 /// on the reconstructed program, where equal values are one node, so that ≈ candidates agree.
+/// A tuple reduction picked in the program one of whose components no completion reads:
+/// the class holding `get[i](t)` picked another e-node, or no e-node reads it. Product fusion
+/// would compute that component for nothing, which `no_dead_components` refuses in every
+/// completion; found here, the branch ends before its holes are resolved. (A component that
+/// a repair-fused reduction only carries for the next, its first, needs no reader.)
+fn dead_component(x: &ExtractGraph, choice: &Choice, met: &[u32]) -> bool {
+    met.iter().any(|&c| {
+        let Some(t) = x.components[c as usize].as_ref().filter(|t| !t.whole) else {
+            return false;
+        };
+        let reducer = match x.op(c, choice) {
+            Some((
+                ENode {
+                    op: Op::ReduceAxis { reducer, .. } | Op::ReduceParallel { reducer, .. },
+                    ..
+                },
+                _,
+            )) => reducer,
+            _ => return false,
+        };
+        let first = usize::from(!independent(reducer, &x.g.egraph.analysis.env));
+        t.gets.iter().skip(first).any(|g| match g {
+            None => true,
+            Some((b, j)) => choice[*b as usize] != NONE && choice[*b as usize] != *j,
+        })
+    })
+}
+
+/// A reducer over a tuple whose components fold independently (a product of reducers), so
+/// that every component is a result of its own.
+fn independent(reducer: &crate::ir::ReducerRef, env: &crate::passes::typing::TypeEnv) -> bool {
+    match reducer {
+        crate::ir::ReducerRef::User(name) => env
+            .reducer(name.as_str())
+            .is_some_and(|def| def.as_product().is_some()),
+        crate::ir::ReducerRef::Builtin(_) => false,
+    }
+}
+
 fn no_dead_components(f: &Function, env: &crate::passes::typing::TypeEnv) -> bool {
     let nodes = &f.body.nodes;
     let mut read: FxHashSet<(usize, usize)> = FxHashSet::default();
@@ -1261,33 +1460,33 @@ fn no_dead_components(f: &Function, env: &crate::passes::typing::TypeEnv) -> boo
         .enumerate()
         .all(|(c, node)| match (&node.kind, &node.ty) {
             (ExprKind::Reduce { reducer, .. }, Some(Type::Tuple(ts))) => {
-                let independent = match reducer {
-                    crate::ir::ReducerRef::User(name) => env
-                        .reducer(name.as_str())
-                        .is_some_and(|def| def.as_product().is_some()),
-                    crate::ir::ReducerRef::Builtin(_) => false,
-                };
-                let first = if independent { 0 } else { 1 };
+                let first = usize::from(!independent(reducer, env));
                 whole.contains(&c) || (first..ts.len()).all(|i| read.contains(&(c, i)))
             }
             _ => true,
         })
 }
 
+/// Pointwise work or data movement; tuple plumbing is no computation at all (`is_compute`).
+fn light(op: &Op) -> bool {
+    is_pointwise(op) || matches!(op, Op::Transpose(_) | Op::Reshape(_) | Op::Broadcast(_))
+}
+
 /// Whether a partial program has a *pointwise kernel*: a kernel that only loads, applies
 /// pointwise operators or moves data (transpose, reshape, broadcast) and stores a value that
 /// is not a result — work its readers could do on their own loads. It is a tensor-level
 /// pointwise operator (a kernel of its own by default tiling) or a stored tile computation
-/// without a reduction or a matrix product. Judged on resolved classes: a tile computation
-/// that reaches a hole is not judged yet, so the verdict holds for every completion. Moving a
+/// without a reduction or a matrix product. Judged on resolved classes, and on holes only
+/// where every completion agrees (`pointwise_only`, `heavy_tile`): a tile computation that
+/// reaches a hole which may still compute a reduction is not judged yet, so the verdict holds
+/// for every completion. Moving a
 /// pointwise tail across a store keeps it (`Key::Epilogue`), so ≈ programs share it.
 fn has_pointwise_kernel(x: &ExtractGraph, choice: &Choice, met: &[u32], seen: &mut Marks) -> bool {
-    // Tuple plumbing is no computation (`is_compute`), so the walk passes through it too.
-    let light = |op: &Op| {
-        is_pointwise(op) || matches!(op, Op::Transpose(_) | Op::Reshape(_) | Op::Broadcast(_))
-    };
     for &c in met {
         let pick = choice[c as usize];
+        if pick == NONE && x.pointwise_only[c as usize] {
+            return true; // a value every e-node of which stores pointwise work
+        }
         if pick == NONE || class_tiled(x, c) || x.constant[c as usize] || x.roots.contains(&c) {
             continue;
         }
@@ -1307,9 +1506,12 @@ fn has_pointwise_kernel(x: &ExtractGraph, choice: &Choice, met: &[u32], seen: &m
                 continue; // a load's source, a literal, or met before
             }
             let pick = choice[k as usize];
-            if pick == NONE {
+            if pick == NONE && x.heavy_tile[k as usize] {
                 only_light = false; // a hole decides
                 break;
+            }
+            if pick == NONE {
+                continue; // light however it is resolved
             }
             let (op, grandkids) = (
                 &x.nodes[k as usize][pick as usize].0.op,
@@ -1896,6 +2098,10 @@ pub struct Extractor {
     /// Prune partial programs that no completion gives a launch order (on by default; off
     /// only to show, in tests, that it loses no candidate).
     pub prune_no_launch_order: bool,
+    /// Prune partial programs with a tuple reduction one of whose components no completion
+    /// reads (`dead_component`; on by default, off only to show in tests that it loses no
+    /// candidate). Complete programs are refused for it either way.
+    pub prune_dead_components: bool,
     /// Resolve a class with one e-node in the state that makes it reachable (on by default;
     /// off only to show, in tests, that it changes the work and not the classes).
     pub unit_propagation: bool,
@@ -1933,6 +2139,7 @@ impl Default for Extractor {
             lowerable: None,
             hole_context: HoleContext::Forms,
             prune_no_launch_order: true,
+            prune_dead_components: true,
             unit_propagation: true,
             progress: None,
             no_pointwise_kernels: false,
@@ -1980,6 +2187,11 @@ impl Extractor {
 
     pub fn with_no_launch_order_pruning(mut self, on: bool) -> Self {
         self.prune_no_launch_order = on;
+        self
+    }
+
+    pub fn with_dead_component_pruning(mut self, on: bool) -> Self {
+        self.prune_dead_components = on;
         self
     }
 
@@ -2047,6 +2259,7 @@ impl Extractor {
         let mut over_kernels = 0usize;
         let mut recomputed = 0usize;
         let mut pointwise_kernels = 0usize;
+        let mut dead_components = 0usize;
         let mut equivalent = 0usize;
         let mut not_lowerable = 0usize;
         let mut first_refusal: Option<String> = None;
@@ -2119,6 +2332,10 @@ impl Extractor {
                 recomputed += 1;
                 continue;
             }
+            if self.prune_dead_components && dead_component(x, &s, met) {
+                dead_components += 1;
+                continue;
+            }
             if self.no_pointwise_kernels && has_pointwise_kernel(x, &s, met, &mut scratch) {
                 pointwise_kernels += 1;
                 continue;
@@ -2164,6 +2381,7 @@ impl Extractor {
                 }
                 let mut program = reconstruct(x, &s, "");
                 if !no_dead_components(&program, &x.g.egraph.analysis.env) {
+                    dead_components += 1;
                     continue;
                 }
                 let summary = summarize(&mut program);
@@ -2284,6 +2502,7 @@ impl Extractor {
             over_kernels,
             recomputed,
             pointwise_kernels,
+            dead_components,
             forced,
             equivalent,
             not_lowerable,

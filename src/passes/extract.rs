@@ -222,6 +222,7 @@ impl Pass for ExtractPass {
                 "rejected_no_launch_order": report.rejected,
                 "pruned_over_max_kernels": report.over_kernels,
                 "pruned_pointwise_kernels": report.pointwise_kernels,
+                "pruned_dead_components": report.dead_components,
                 "pruned_computing_twice": report.recomputed,
                 "forced_picks": report.forced,
                 "pruned_equivalent": report.equivalent,
