@@ -12,9 +12,11 @@
 //! (`partition`/`replicate`) or a result's `combination`s are written, or in where a
 //! `replicate` or `combination` sits relative to pointwise operators computed in a kernel, or
 //! in where a kernel boundary cuts a pointwise chain (a tail applied before a store or after
-//! the load: `Key::Epilogue`), are one class. Validity adds that each value is computed once (`computed_once`), and that the
-//! kernels have a launch order — checked on partial programs as far as their resolved
-//! classes decide it (`launch_order_impossible`), and on complete ones by `lower`.
+//! the load: `Key::Epilogue`), are one class. Validity adds that each value is computed once
+//! (`computed_once`), that no component of a fused reduction goes unread (`dead_component`),
+//! and that the kernels have a launch order — each checked on partial programs as far as
+//! their resolved classes decide it (`launch_order_impossible`), and on complete ones by
+//! `lower`.
 //! Matmul structure, reduction organisation and intermediate storage stay distinct. Each
 //! partial program has a canonical form — holes named by their e-class, commutative operands
 //! sorted, view chains as sorted sets — interned exactly (no hashing shortcuts). Two partial
