@@ -614,3 +614,70 @@ fn dropping_pointwise_kernels_refuses_exactly_the_programs_that_have_one() {
     );
     assert!(dropped.iter().all(|(_, text)| !stores_pointwise_only(text)));
 }
+
+/// The top-level operands of the first `tuple(…)` in `expr`.
+fn tuple_operands(expr: &str) -> Vec<&str> {
+    let Some(start) = expr.find("tuple(").map(|i| i + "tuple(".len()) else {
+        return Vec::new();
+    };
+    let (mut depth, mut from, mut out) = (0usize, start, Vec::new());
+    for (i, ch) in expr[start..].char_indices().map(|(i, c)| (start + i, c)) {
+        match ch {
+            '(' => depth += 1,
+            ')' if depth == 0 => {
+                out.push(expr[from..i].trim());
+                break;
+            }
+            ')' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(expr[from..i].trim());
+                from = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// No candidate computes a component of a fused reduction that nothing reads: judged on the
+/// printed candidates (every product-fused reduction is a named value, and each of its
+/// components is read by a `get`), for a program with two sums over one row and for LoRA.
+#[test]
+fn no_candidate_computes_a_fused_component_nobody_reads() {
+    let two_sums = "func two_sums where M = 8, K = 32 {\n  x: tensor<MxK, f32> = input\n  total = reduce x axis=K reducer=@add\n  energy = reduce (square(x)) axis=K reducer=@add\n  return total / energy\n}\n";
+    let mut g = egraph_of(two_sums);
+    Runner::default().run(&mut g, &all_rules());
+    let mut fused = 0;
+    for g in [g, saturated_example("lora", 30)] {
+        let x = ExtractGraph::new(&g).expect("extractable");
+        let report = extractor(&g, Compaction::Early).run(&x);
+        assert_eq!(report.stop, ExtractStop::Exhausted);
+        for c in &report.candidates {
+            let mut f = efopt::egraph::extract::reconstruct(&x, &c.choice, "f");
+            efopt::egraph::extract::summarize(&mut f);
+            let text =
+                efopt::ir::print::print_function(&f, efopt::ir::print::PrintOptions::default());
+            for line in text.lines().map(str::trim) {
+                if !line.contains("reducer=@product_") || line.starts_with("reducer ") {
+                    continue;
+                }
+                let (name, expr) = line
+                    .split_once(" = ")
+                    .unwrap_or_else(|| panic!("a fused reduction read in place:\n{text}"));
+                assert!(
+                    expr.starts_with("reduce (tuple("),
+                    "a fused reduction read in place:\n{text}"
+                );
+                let name = name.split(':').next().unwrap_or(name).trim();
+                for i in 0..tuple_operands(expr).len() {
+                    assert!(
+                        text.contains(&format!("get[{i}]({name})")),
+                        "component {i} of {name} is never read:\n{text}"
+                    );
+                }
+                fused += 1;
+            }
+        }
+    }
+    assert!(fused > 0, "no candidate fuses a reduction");
+}

@@ -1397,14 +1397,6 @@ fn loadable(x: &ExtractGraph, choice: &Choice, mut c: u32) -> Option<bool> {
     }
 }
 
-/// No dead fused results. A tuple-valued reduction is used whole, or each of its components
-/// is read by some `get` — except the first component of a reduction that is not a product of
-/// independent folds (a repair's running statistic, which the other components' updates read).
-/// The components of a product fusion are independent folds: one nobody reads is work done
-/// for nothing, and the candidate that does not fuse it is in the e-graph too (product fusion
-/// puts each component in the class of its unfused reduction). Likewise a candidate that fuses
-/// a value into a reduction and then computes it again elsewhere does the work twice. Judged
-/// on the reconstructed program, where equal values are one node, so that ≈ candidates agree.
 /// A tuple reduction picked in the program one of whose components no completion reads:
 /// the class holding `get[i](t)` picked another e-node, or no e-node reads it. Product fusion
 /// would compute that component for nothing, which `no_dead_components` refuses in every
@@ -1444,6 +1436,14 @@ fn independent(reducer: &crate::ir::ReducerRef, env: &crate::passes::typing::Typ
     }
 }
 
+/// No dead fused results. A tuple-valued reduction is used whole, or each of its components
+/// is read by some `get` — except the first component of a reduction that is not a product of
+/// independent folds (a repair's running statistic, which the other components' updates read).
+/// The components of a product fusion are independent folds: one nobody reads is work done
+/// for nothing, and the candidate that does not fuse it is in the e-graph too (product fusion
+/// puts each component in the class of its unfused reduction). Likewise a candidate that fuses
+/// a value into a reduction and then computes it again elsewhere does the work twice. Judged
+/// on the reconstructed program, where equal values are one node, so that ≈ candidates agree.
 fn no_dead_components(f: &Function, env: &crate::passes::typing::TypeEnv) -> bool {
     let nodes = &f.body.nodes;
     let mut read: FxHashSet<(usize, usize)> = FxHashSet::default();
@@ -1481,8 +1481,8 @@ fn light(op: &Op) -> bool {
 /// without a reduction or a matrix product. Judged on resolved classes, and on holes only
 /// where every completion agrees (`pointwise_only`, `heavy_tile`): a tile computation that
 /// reaches a hole which may still compute a reduction is not judged yet, so the verdict holds
-/// for every completion. Moving a
-/// pointwise tail across a store keeps it (`Key::Epilogue`), so ≈ programs share it.
+/// for every completion. Moving a pointwise tail across a store keeps it (`Key::Epilogue`), so
+/// ≈ programs share it.
 fn has_pointwise_kernel(x: &ExtractGraph, choice: &Choice, met: &[u32], seen: &mut Marks) -> bool {
     for &c in met {
         let pick = choice[c as usize];
