@@ -324,6 +324,33 @@ fn resolving_one_node_classes_at_once_changes_the_work_not_the_classes() {
     assert_eq!(without.forced, 0);
 }
 
+/// Early compaction never branches on `b * a` beside `a * b` (the e-graph holds both by
+/// commutativity): the swap's programs are ≈ₚ the original's. That must change the work only,
+/// and a class holding one e-node and its swap becomes a forced pick.
+#[test]
+fn leaving_out_operand_swaps_changes_the_work_not_the_classes() {
+    let runs = same_classes_on_saturated_workloads([
+        ("leaving out swaps", |e| e),
+        ("branching on swaps", |e| {
+            e.with_operand_swaps_skipped(false)
+        }),
+    ]);
+    let mut fewer = 0;
+    for (name, [skipping, branching]) in runs {
+        assert!(
+            skipping <= branching,
+            "{name}: leaving out swaps expanded {skipping} states, branching on them {branching}"
+        );
+        fewer += usize::from(skipping < branching);
+    }
+    assert!(fewer > 0, "no workload expanded fewer states");
+    let [with, without] = default_and("gated_mlp", |e| e.with_operand_swaps_skipped(false));
+    assert!(
+        with.forced > without.forced,
+        "no class of an e-node and its swap was forced"
+    );
+}
+
 /// Each value is computed once: a candidate that stores `cast(x)` reads it back wherever it
 /// needs it and never casts `x` again; both pure forms (store and read back, recompute in the
 /// kernel) are candidates. Checked on the printed programs of a full enumeration.

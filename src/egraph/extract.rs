@@ -180,6 +180,12 @@ pub struct ExtractGraph<'a> {
     /// a pointwise kernel whatever the picks below it: see `has_pointwise_kernel`.
     heavy_tile: Vec<bool>,
     pointwise_only: Vec<bool>,
+    /// Per class, the e-nodes early compaction branches on: all but the operand swaps of an
+    /// earlier e-node (`b * a` after `a * b`, both in the e-graph by commutativity). A swap's
+    /// program is ≈ₚ the original's — the same canonical form and hole context, the same
+    /// validity — so its branch is pruned before it is pushed, and a class whose e-nodes are
+    /// one and its swap is resolved by unit propagation.
+    unswapped: Vec<Vec<u32>>,
 }
 
 /// How a program can read the components of a tuple-typed class: whole (it is a result, or
@@ -441,10 +447,20 @@ impl<'a> ExtractGraph<'a> {
                     })
             })
             .collect();
+        let unswapped = nodes
+            .iter()
+            .map(|ns| {
+                (0..ns.len())
+                    .filter(|&i| !ns[..i].iter().any(|earlier| operand_swap(earlier, &ns[i])))
+                    .map(|i| i as u32)
+                    .collect()
+            })
+            .collect();
         Ok(ExtractGraph {
             g,
             info,
             components,
+            unswapped,
             heavy_tile,
             pointwise_only,
             ids,
@@ -635,6 +651,16 @@ fn commutative(op: &Op) -> bool {
                 | BinaryOp::Or
         )
     )
+}
+
+/// True when `b` is `a` with the operands of a commutative operator swapped.
+fn operand_swap((a, a_kids): &(ENode, Vec<u32>), (b, b_kids): &(ENode, Vec<u32>)) -> bool {
+    commutative(&a.op)
+        && a.op == b.op
+        && a_kids.len() == 2
+        && b_kids.len() == 2
+        && a_kids[0] == b_kids[1]
+        && a_kids[1] == b_kids[0]
 }
 
 /// Operators that compute (as opposed to leaves, views, stores and tuple plumbing).
@@ -2107,6 +2133,9 @@ pub struct Extractor {
     /// Resolve a class with one e-node in the state that makes it reachable (on by default;
     /// off only to show, in tests, that it changes the work and not the classes).
     pub unit_propagation: bool,
+    /// Early compaction leaves out operand swaps (`ExtractGraph::unswapped`; on by default,
+    /// off only to show, in tests, that it changes the work and not the classes).
+    pub skip_operand_swaps: bool,
     /// Called about four times a second once a run passes one second (`ExtractProgress`).
     pub progress: Option<ProgressFn>,
     /// Refuse programs with a pointwise kernel (`has_pointwise_kernel`); off by default, since
@@ -2143,6 +2172,7 @@ impl Default for Extractor {
             prune_no_launch_order: true,
             prune_dead_components: true,
             unit_propagation: true,
+            skip_operand_swaps: true,
             progress: None,
             no_pointwise_kernels: false,
         }
@@ -2199,6 +2229,11 @@ impl Extractor {
 
     pub fn with_unit_propagation(mut self, on: bool) -> Self {
         self.unit_propagation = on;
+        self
+    }
+
+    pub fn with_operand_swaps_skipped(mut self, on: bool) -> Self {
+        self.skip_operand_swaps = on;
         self
     }
 
@@ -2269,6 +2304,20 @@ impl Extractor {
         let (mut reached, mut forced_picks): (Vec<u32>, Vec<u32>) = (Vec::new(), Vec::new());
         // Progress reports start after one second, then every quarter second.
         let mut next_report = Duration::from_secs(1);
+        // The e-nodes each class branches on (see `ExtractGraph::unswapped`): after and none
+        // construct every program, swaps included.
+        let all_nodes: Vec<Vec<u32>>;
+        let options: &[Vec<u32>] =
+            if self.compaction == Compaction::Early && self.skip_operand_swaps {
+                &x.unswapped
+            } else {
+                all_nodes = x
+                    .nodes
+                    .iter()
+                    .map(|ns| (0..ns.len() as u32).collect())
+                    .collect();
+                &all_nodes
+            };
         while let Some((_, _, at)) = worklist.pop() {
             taken += 1;
             if taken == 1 || taken % 256 == 0 {
@@ -2311,19 +2360,34 @@ impl Extractor {
                 met,
             } = &facts;
             // By default the most constrained hole first: forced picks cost one expansion each
-            // and never branch, and an early forced pick exposes dead ends sooner.
+            // and never branch, and an early forced pick exposes dead ends sooner. Among
+            // equals, the highest class id (an order that does not depend on how the walk
+            // wrote commutative operands); measured, it expands fewer states than walk order.
             let hole = match self.hole_order {
                 HoleOrder::FewestNodes => holes
                     .iter()
                     .copied()
-                    .min_by_key(|h| x.nodes[*h as usize].len()),
+                    .min_by_key(|h| (options[*h as usize].len(), Reverse(*h))),
                 HoleOrder::Walk => holes.first().copied(),
                 HoleOrder::MostNodes => holes
                     .iter()
                     .copied()
-                    .max_by_key(|h| x.nodes[*h as usize].len()),
+                    .max_by_key(|h| options[*h as usize].len()),
             };
             let cost = estimate(x, &s, met, holes);
+            // Early compaction looks a partial program up before the validity checks: one ≈ₚ
+            // a program taken passed them or would be pruned by them anyway, so the lookup
+            // saves their cost, and it is inserted once it passes them.
+            let key = (self.compaction == Compaction::Early && !holes.is_empty()).then(|| {
+                (
+                    form.clone(),
+                    hole_context(x, (&s, &sorted_picks), holes, memo, self.hole_context),
+                )
+            });
+            if key.as_ref().is_some_and(|k| seen.contains(k)) {
+                equivalent += 1;
+                continue; // ≈ₚ a program already taken
+            }
             if let Some(max) = self.max_kernels {
                 if kernel_lower_bound(x, &s, met, memo) > max {
                     over_kernels += 1;
@@ -2359,17 +2423,11 @@ impl Extractor {
                 // A complete program is pruned only when a ≈ one was output: one refused by
                 // the checks below (launch order, kernels, lowering), which ≈ programs need
                 // not share, must not take its class with it.
-                let pruned = if holes.is_empty() {
-                    distinct.contains(&class_form)
-                } else {
-                    !seen.insert((
-                        form.clone(),
-                        hole_context(x, (&s, &sorted_picks), holes, memo, self.hole_context),
-                    ))
-                };
-                if pruned {
+                if let Some(key) = key {
+                    seen.insert(key);
+                } else if distinct.contains(&class_form) {
                     equivalent += 1;
-                    continue; // ≈ₚ a program already taken
+                    continue; // ≈ a program already output
                 }
             }
             let Some(h) = hole else {
@@ -2421,11 +2479,14 @@ impl Extractor {
                 continue;
             };
             expanded += 1;
-            for (i, (_, kids)) in x.nodes[h as usize].iter().enumerate() {
+            // Operand swaps left out are ≈ₚ a sibling: pruned without being built.
+            equivalent += x.nodes[h as usize].len() - options[h as usize].len();
+            for &i in &options[h as usize] {
+                let kids = &x.nodes[h as usize][i as usize].1;
                 if reaches(x, &s, kids, h, false, &mut scratch) {
                     continue; // would close a cycle
                 }
-                s[h as usize] = i as u32;
+                s[h as usize] = i;
                 let lowerable = loads_only_after_pick(x, &s, h);
                 debug_assert_eq!(lowerable, loads_only(x, &s));
                 s[h as usize] = NONE;
@@ -2435,7 +2496,7 @@ impl Extractor {
                 // The child's estimate: this pick instead of the hole's cheapest cost, plus
                 // the cheapest cost of each child class that becomes a new hole.
                 let mut child = cost - x.best[h as usize].min(cost);
-                child = child.saturating_add(x.pick_cost[h as usize][i]);
+                child = child.saturating_add(x.pick_cost[h as usize][i as usize]);
                 reached.clear();
                 for k in kids {
                     if !visited[*k as usize] && *k != h && !reached.contains(k) {
@@ -2444,27 +2505,27 @@ impl Extractor {
                     }
                 }
                 let trail_len = trail.len();
-                trail.push((at, h, i as u32));
+                trail.push((at, h, i));
                 // Unit propagation: a class the pick makes reachable that has one e-node can
                 // only be resolved one way, so it is resolved here, and so are the one-node
                 // classes that pick reaches in turn. Resolving them one state at a time gave
                 // the same programs (the fewest-nodes order takes such holes first anyway) at
                 // the price of a walk and the pruning checks per forced pick.
-                s[h as usize] = i as u32;
+                s[h as usize] = i;
                 let mut dead = false;
                 let mut next = 0;
                 while let Some(&k) = reached.get(next).filter(|_| self.unit_propagation) {
                     next += 1;
                     // `reached` holds each class once, none of them picked (picks are reachable).
-                    if x.nodes[k as usize].len() != 1 {
+                    let &[only] = options[k as usize].as_slice() else {
                         continue;
-                    }
-                    let grandkids = &x.nodes[k as usize][0].1;
+                    };
+                    let grandkids = &x.nodes[k as usize][only as usize].1;
                     if reaches(x, &s, grandkids, k, false, &mut scratch) {
                         dead = true; // its only e-node closes a cycle
                         break;
                     }
-                    s[k as usize] = 0;
+                    s[k as usize] = only;
                     forced_picks.push(k);
                     let lowerable = loads_only_after_pick(x, &s, k);
                     debug_assert_eq!(lowerable, loads_only(x, &s));
@@ -2473,14 +2534,14 @@ impl Extractor {
                         break;
                     }
                     child = child - x.best[k as usize].min(child);
-                    child = child.saturating_add(x.pick_cost[k as usize][0]);
+                    child = child.saturating_add(x.pick_cost[k as usize][only as usize]);
                     for g in grandkids {
                         if !visited[*g as usize] && *g != h && !reached.contains(g) {
                             reached.push(*g);
                             child = child.saturating_add(x.best[*g as usize]);
                         }
                     }
-                    trail.push(((trail.len() - 1) as u32, k, 0));
+                    trail.push(((trail.len() - 1) as u32, k, only));
                 }
                 s[h as usize] = NONE;
                 for k in forced_picks.drain(..) {
