@@ -2517,8 +2517,30 @@ impl Extractor {
                 while let Some(&k) = reached.get(next).filter(|_| self.unit_propagation) {
                     next += 1;
                     // `reached` holds each class once, none of them picked (picks are reachable).
-                    let &[only] = options[k as usize].as_slice() else {
-                        continue;
+                    let only = match options[k as usize].as_slice() {
+                        &[only] => only,
+                        many => {
+                            // Forced too: a class all of whose e-nodes but one would partition
+                            // a computed tile (or put a partition above one), which no later
+                            // pick undoes; with none left, no completion resolves it. (Forcing
+                            // also past e-nodes that would close a cycle lost 3 of
+                            // layernorm_gemm's 1,455 classes in walk order, so it is not done:
+                            // see docs/cli.md.)
+                            let mut viable = many.iter().copied().filter(|&j| {
+                                s[k as usize] = j;
+                                let lowerable = loads_only_after_pick(x, &s, k);
+                                s[k as usize] = NONE;
+                                lowerable
+                            });
+                            match (viable.next(), viable.next()) {
+                                (Some(j), None) => j,
+                                (None, _) => {
+                                    dead = true;
+                                    break;
+                                }
+                                _ => continue,
+                            }
+                        }
                     };
                     let grandkids = &x.nodes[k as usize][only as usize].1;
                     if reaches(x, &s, grandkids, k, false, &mut scratch) {
