@@ -2035,6 +2035,14 @@ impl OnceScratch {
 /// contexts; `HoleContext::Picks` keeps them apart. Classes no hole reaches, such as the
 /// intermediate class of a view chain written in another order, are left out; that is what
 /// lets differently written partial programs meet.
+///
+/// The context also names the classes whose values the program stores (resolved tensor-level
+/// classes other than inputs and constants): `computed_once` judges a completion by which
+/// classes hold stored values, and ≈ does not see it. A pointwise tail moved across a store
+/// (`square` applied before the store, or after the load) gives equal forms with different
+/// stored classes, and a completion that computes the unsquared value again is refused in one
+/// program and not the other. Without them, forcing past e-nodes that close a cycle made walk
+/// order keep the refused program and lose 3 of layernorm_gemm's 1,455 classes.
 fn hole_context(
     x: &ExtractGraph,
     (s, sorted_picks): (&Choice, &[u32]),
@@ -2050,6 +2058,8 @@ fn hole_context(
     }
     // Canonical ids and pick indices both stay below 2^31: the top bit tells them apart.
     const FORM: u64 = 1 << 31;
+    // A stored class: its id alone, tagged by the top bit (class ids stay below 2^31).
+    const STORED: u64 = 1 << 63;
     sorted_picks
         .iter()
         .map(|c| (*c as usize, s[*c as usize]))
@@ -2061,6 +2071,10 @@ fn hole_context(
             };
             ((c as u64) << 32) | value
         })
+        .chain(sorted_picks.iter().filter_map(|&c| {
+            let cu = c as usize;
+            (!class_tiled(x, c) && !x.constant[cu] && !x.input[cu]).then_some(STORED | u64::from(c))
+        }))
         .collect()
 }
 
@@ -2520,13 +2534,15 @@ impl Extractor {
                     let only = match options[k as usize].as_slice() {
                         &[only] => only,
                         many => {
-                            // Forced too: a class all of whose e-nodes but one would partition
-                            // a computed tile (or put a partition above one), which no later
-                            // pick undoes; with none left, no completion resolves it. (Forcing
-                            // also past e-nodes that would close a cycle lost 3 of
-                            // layernorm_gemm's 1,455 classes in walk order, so it is not done:
-                            // see docs/cli.md.)
+                            // Forced too: a class all of whose e-nodes but one would close a
+                            // cycle or partition a computed tile (or put a partition above
+                            // one), failures no later pick undoes; with none left, no
+                            // completion resolves it.
                             let mut viable = many.iter().copied().filter(|&j| {
+                                let grandkids = &x.nodes[k as usize][j as usize].1;
+                                if reaches(x, &s, grandkids, k, false, &mut scratch) {
+                                    return false;
+                                }
                                 s[k as usize] = j;
                                 let lowerable = loads_only_after_pick(x, &s, k);
                                 s[k as usize] = NONE;
