@@ -31,9 +31,15 @@ pub fn extract_info() -> PassInfo {
         },
         OptionInfo {
             name: "hole-order",
-            kind: OptionKind::Choice(&["fewest", "walk", "most"]),
+            kind: OptionKind::Choice(&["fewest", "walk", "most", "scattered"]),
             default: "fewest",
-            help: "which hole of a partial program is resolved next: `fewest` valid e-nodes first (forced picks first), the first in `walk` order from the results, or `most` e-nodes first; the candidates found are the same, the work is not",
+            help: "which hole of a partial program is resolved next: `fewest` valid e-nodes first (forced picks first), the first in `walk` order from the results, `most` e-nodes first, or one `scattered` by a hash of the program and `hole-seed`; the candidates found are the same, the work is not",
+        },
+        OptionInfo {
+            name: "hole-seed",
+            kind: OptionKind::Count,
+            default: "1",
+            help: "the seed of `hole-order=scattered`: each seed is another order, for checking that the candidates found do not depend on it",
         },
         OptionInfo {
             name: "hole-context",
@@ -75,8 +81,12 @@ pub fn extract_info() -> PassInfo {
             Box::new(ExtractPass {
                 compaction: Compaction::parse(opts.get(info, "compaction"))
                     .unwrap_or(Compaction::Early),
-                hole_order: HoleOrder::parse(opts.get(info, "hole-order"))
-                    .unwrap_or(HoleOrder::FewestNodes),
+                hole_order: match HoleOrder::parse(opts.get(info, "hole-order")) {
+                    Some(HoleOrder::Scattered(_)) => {
+                        HoleOrder::Scattered(opts.get(info, "hole-seed").parse().unwrap_or(1))
+                    }
+                    order => order.unwrap_or(HoleOrder::FewestNodes),
+                },
                 hole_context: HoleContext::parse(opts.get(info, "hole-context"))
                     .unwrap_or(HoleContext::Forms),
                 max_candidates: opts.get(info, "max-candidates").parse().unwrap_or(1000),
