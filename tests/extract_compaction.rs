@@ -241,32 +241,40 @@ fn scattered_hole_orders_find_the_same_classes() {
 /// product components were rejected.)
 #[test]
 fn comparing_forms_not_picks_of_reachable_classes_changes_the_work_not_the_classes() {
-    let runs = same_classes_on_saturated_workloads([
+    same_classes_no_more_work([
         ("forms", |e| e.with_hole_context(HoleContext::Forms)),
         ("picks", |e| e.with_hole_context(HoleContext::Picks)),
     ]);
-    for (name, [by_forms, by_picks]) in runs {
-        assert!(by_forms <= by_picks, "{name}: forms expanded more states");
-    }
 }
 
 /// A labelled change to the default extractor.
 type Config = (&'static str, fn(Extractor) -> Extractor);
 
-/// `same_classes` for two configurations of early compaction on each saturated workload small
-/// enough to enumerate fully; the states each expanded, per workload.
-fn same_classes_on_saturated_workloads(configs: [Config; 2]) -> Vec<(&'static str, [usize; 2])> {
-    ["ngpt", "gated_mlp", "layernorm_gemm"]
+/// The saturated workloads small enough to enumerate fully.
+const SATURATED_WORKLOADS: [&str; 3] = ["ngpt", "gated_mlp", "layernorm_gemm"];
+
+/// `same_classes` for two configurations of early compaction on each of `SATURATED_WORKLOADS`,
+/// where the first must never expand more states than the second: a change that only saves
+/// work. Returns on how many workloads the first expanded strictly fewer.
+fn same_classes_no_more_work(configs: [Config; 2]) -> usize {
+    let labels = configs.map(|(label, _)| label);
+    SATURATED_WORKLOADS
         .into_iter()
-        .map(|name| {
+        .filter(|name| {
             let g = saturated_example(name, 30);
             let x = ExtractGraph::new(&g).expect("extractable");
             let run =
                 |(label, configure): Config| (label, configure(extractor(&g, Compaction::Early)));
-            let (_, expanded) = same_classes(&x, name, configs.map(run));
-            (name, expanded)
+            let (_, [first, second]) = same_classes(&x, name, configs.map(run));
+            assert!(
+                first <= second,
+                "{name}: {} expanded {first} states, {} {second}",
+                labels[0],
+                labels[1]
+            );
+            first < second
         })
-        .collect()
+        .count()
 }
 
 /// Reports of early compaction on a fully saturated example: as configured by default, and
@@ -287,16 +295,10 @@ fn default_and(name: &str, change: fn(Extractor) -> Extractor) -> [ExtractReport
 /// refused for their launch order is now cut off earlier.
 #[test]
 fn pruning_partial_programs_without_launch_order_loses_no_class() {
-    let runs = same_classes_on_saturated_workloads([
+    same_classes_no_more_work([
         ("pruning", |e| e),
         ("not pruning", |e| e.with_no_launch_order_pruning(false)),
     ]);
-    for (name, [pruning, not_pruning]) in runs {
-        assert!(
-            pruning <= not_pruning,
-            "{name}: pruning expanded more states"
-        );
-    }
     let [with, without] = default_and("ngpt", |e| e.with_no_launch_order_pruning(false));
     assert!(without.rejected > 0, "nGPT no longer has such programs");
     assert!(with.no_launch_order > 0 && with.rejected < without.rejected);
@@ -311,16 +313,10 @@ fn pruning_partial_programs_without_launch_order_loses_no_class() {
 /// come at completion.
 #[test]
 fn pruning_partial_programs_with_a_dead_component_loses_no_class() {
-    let runs = same_classes_on_saturated_workloads([
+    same_classes_no_more_work([
         ("pruning", |e| e),
         ("not pruning", |e| e.with_dead_component_pruning(false)),
     ]);
-    for (name, [pruning, not_pruning]) in runs {
-        assert!(
-            pruning <= not_pruning,
-            "{name}: pruning expanded {pruning} states, not pruning {not_pruning}"
-        );
-    }
     let [with, without] = default_and("lora", |e| e.with_dead_component_pruning(false));
     assert_eq!(with.distinct, without.distinct);
     assert!(
@@ -336,20 +332,21 @@ fn pruning_partial_programs_with_a_dead_component_loses_no_class() {
 }
 
 /// A class with one e-node can be resolved only one way, so it is resolved in the state that
-/// makes it reachable (unit propagation) instead of costing an expansion of its own. That must
-/// change the work only: with and without it, the same classes, and fewer expanded states with.
+/// makes it reachable (unit propagation) instead of costing an expansion of its own; so is a
+/// class all of whose other e-nodes would close a cycle or partition a computed tile. That
+/// must change the work only: with and without it, the same classes, and fewer expanded
+/// states with.
 #[test]
 fn resolving_one_node_classes_at_once_changes_the_work_not_the_classes() {
-    let runs = same_classes_on_saturated_workloads([
+    let fewer = same_classes_no_more_work([
         ("propagating", |e| e),
         ("not propagating", |e| e.with_unit_propagation(false)),
     ]);
-    for (name, [propagating, not_propagating]) in runs {
-        assert!(
-            propagating < not_propagating,
-            "{name}: propagating expanded {propagating} states, not propagating {not_propagating}"
-        );
-    }
+    assert_eq!(
+        fewer,
+        SATURATED_WORKLOADS.len(),
+        "propagating did not expand fewer states on every workload"
+    );
     let [with, without] = default_and("gated_mlp", |e| e.with_unit_propagation(false));
     assert!(with.forced > 0, "nothing was forced");
     assert_eq!(without.forced, 0);
@@ -360,20 +357,12 @@ fn resolving_one_node_classes_at_once_changes_the_work_not_the_classes() {
 /// and a class holding one e-node and its swap becomes a forced pick.
 #[test]
 fn leaving_out_operand_swaps_changes_the_work_not_the_classes() {
-    let runs = same_classes_on_saturated_workloads([
+    let fewer = same_classes_no_more_work([
         ("leaving out swaps", |e| e),
         ("branching on swaps", |e| {
             e.with_operand_swaps_skipped(false)
         }),
     ]);
-    let mut fewer = 0;
-    for (name, [skipping, branching]) in runs {
-        assert!(
-            skipping <= branching,
-            "{name}: leaving out swaps expanded {skipping} states, branching on them {branching}"
-        );
-        fewer += usize::from(skipping < branching);
-    }
     assert!(fewer > 0, "no workload expanded fewer states");
     let [with, without] = default_and("gated_mlp", |e| e.with_operand_swaps_skipped(false));
     assert!(

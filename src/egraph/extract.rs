@@ -375,7 +375,7 @@ impl<'a> ExtractGraph<'a> {
                 }
             }
         }
-        let info = ids
+        let info: Vec<KeyInfo> = ids
             .iter()
             .map(|id| type_info(eg[*id].data.as_ref()))
             .collect();
@@ -411,7 +411,7 @@ impl<'a> ExtractGraph<'a> {
                 }
             }
         }
-        let is_tiled = |c: usize| tiled(eg[ids[c]].data.as_ref());
+        let is_tiled = |c: usize| info[c].tiled;
         // Least fixpoint: heavy by an e-node of its own, or through a tiled operand.
         let mut heavy_tile = vec![false; ids.len()];
         loop {
