@@ -739,6 +739,10 @@ struct StepMemo {
     /// `(start, len, id)`: the step `arena[start..start + len]` has canonical id `id`.
     table: hashbrown::HashTable<(u32, u32, u32)>,
     arena: Vec<u32>,
+    /// Per class (a step's first u32), the entry it was last looked up or recorded under:
+    /// consecutive partial programs share most steps, and comparing with the last one is
+    /// cheaper than hashing.
+    last: Vec<(u32, u32, u32)>,
 }
 
 impl StepMemo {
@@ -747,24 +751,35 @@ impl StepMemo {
         rustc_hash::FxBuildHasher.hash_one(step)
     }
 
-    fn get(&self, step: &[u32]) -> Option<u32> {
-        let arena = &self.arena;
-        self.table
-            .find(Self::hash(step), |&(start, len, _)| {
-                &arena[start as usize..(start + len) as usize] == step
-            })
-            .map(|&(_, _, id)| id)
+    fn get(&mut self, step: &[u32]) -> Option<u32> {
+        let StepMemo { table, arena, last } = self;
+        let slice =
+            |&(start, len, _): &(u32, u32, u32)| &arena[start as usize..(start + len) as usize];
+        let c = step[0] as usize;
+        if let Some(entry) = last.get(c).filter(|e| e.1 != 0 && slice(e) == step) {
+            return Some(entry.2);
+        }
+        let entry = *table.find(Self::hash(step), |e| slice(e) == step)?;
+        if c >= last.len() {
+            last.resize(c + 1, (0, 0, 0));
+        }
+        last[c] = entry;
+        Some(entry.2)
     }
 
     fn insert(&mut self, step: &[u32], id: u32) {
-        let StepMemo { table, arena } = self;
+        let StepMemo { table, arena, last } = self;
         let start = arena.len() as u32;
         arena.extend_from_slice(step);
-        table.insert_unique(
-            Self::hash(step),
-            (start, step.len() as u32, id),
-            |&(s, l, _)| Self::hash(&arena[s as usize..(s + l) as usize]),
-        );
+        let entry = (start, step.len() as u32, id);
+        table.insert_unique(Self::hash(step), entry, |&(s, l, _)| {
+            Self::hash(&arena[s as usize..(s + l) as usize])
+        });
+        let c = step[0] as usize;
+        if c >= last.len() {
+            last.resize(c + 1, (0, 0, 0));
+        }
+        last[c] = entry;
     }
 }
 
