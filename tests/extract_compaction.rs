@@ -247,17 +247,23 @@ fn comparing_forms_not_picks_of_reachable_classes_changes_the_work_not_the_class
     ]);
 }
 
-/// A class no hole reaches is never resolved by a completion, so the each-value-once check
-/// judges the view chains through it as the complete program will, and a partial program
-/// that already reads a value twice through one is pruned before it is expanded. That must
-/// change the work only.
+/// A class no hole reaches is never resolved by a completion, so the partial-program checks
+/// judge it as the complete program will: the each-value-once check follows view chains
+/// through it, and a fused reduction whose `get[i]` is held only by such a class has a dead
+/// component. A partial program that fails either is pruned before it is expanded. That must
+/// change the work only; on saturated GatedMLP, whose fused reductions have such components,
+/// and on the other two, it saves expansions.
 #[test]
 fn judging_unreached_classes_early_changes_the_work_not_the_classes() {
     let fewer = same_classes_no_more_work([
         ("settled", |e| e),
         ("open", |e| e.with_unreached_settled(false)),
     ]);
-    assert!(fewer >= 2, "fewer expansions on {fewer} workload(s)");
+    assert_eq!(
+        fewer,
+        SATURATED_WORKLOADS.len(),
+        "fewer expansions on {fewer} workload(s)"
+    );
 }
 
 /// A labelled change to the default extractor.

@@ -1441,9 +1441,11 @@ fn loadable(x: &ExtractGraph, choice: &Choice, mut c: u32) -> Option<bool> {
 /// A tuple reduction picked in the program one of whose components no completion reads:
 /// the class holding `get[i](t)` picked another e-node, or no e-node reads it. Product fusion
 /// would compute that component for nothing, which `no_dead_components` refuses in every
-/// completion; found here, the branch ends before its holes are resolved. (A component that
+/// completion; found here, the branch ends before its holes are resolved. A class that holds
+/// `get[i](t)` but is not in the program and that no hole reaches (`hole_reach`, a bitset
+/// over classes) never will be: no completion reads that component either. (A component that
 /// a repair-fused reduction only carries for the next, its first, needs no reader.)
-fn dead_component(x: &ExtractGraph, choice: &Choice, met: &[u32]) -> bool {
+fn dead_component(x: &ExtractGraph, choice: &Choice, met: &[u32], hole_reach: &[u64]) -> bool {
     met.iter().any(|&c| {
         let Some(t) = x.components[c as usize].as_ref().filter(|t| !t.whole) else {
             return false;
@@ -1461,7 +1463,15 @@ fn dead_component(x: &ExtractGraph, choice: &Choice, met: &[u32]) -> bool {
         let first = usize::from(!independent(reducer, &x.g.egraph.analysis.env));
         t.gets.iter().skip(first).any(|g| match g {
             None => true,
-            Some((b, j)) => choice[*b as usize] != NONE && choice[*b as usize] != *j,
+            Some((b, j)) => {
+                let b = *b as usize;
+                match choice[b] {
+                    NONE => hole_reach
+                        .get(b / 64)
+                        .is_some_and(|w| w >> (b % 64) & 1 == 0),
+                    picked => picked != *j,
+                }
+            }
         })
     })
 }
@@ -2181,9 +2191,10 @@ pub struct Extractor {
     /// Early compaction leaves out operand swaps (`ExtractGraph::unswapped`; on by default,
     /// off only to show, in tests, that it changes the work and not the classes).
     pub skip_operand_swaps: bool,
-    /// The each-value-once check judges the classes no hole reaches as in the complete
-    /// program (`computed_once`; on by default, off only to show, in tests, that it changes
-    /// the work and not the classes).
+    /// The classes no hole reaches are judged as in the complete program, which none of them
+    /// joins: by the each-value-once check (`computed_once`) and the dead-component check
+    /// (`dead_component`). On by default; off only to show, in tests, that it changes the work
+    /// and not the classes.
     pub settle_unreached: bool,
     /// Called about four times a second once a run passes one second (`ExtractProgress`).
     pub progress: Option<ProgressFn>,
@@ -2478,7 +2489,7 @@ impl Extractor {
                 recomputed += 1;
                 continue;
             }
-            if self.prune_dead_components && dead_component(x, &s, met) {
+            if self.prune_dead_components && dead_component(x, &s, met, settled) {
                 dead_components += 1;
                 continue;
             }
