@@ -1438,6 +1438,26 @@ fn loadable(x: &ExtractGraph, choice: &Choice, mut c: u32) -> Option<bool> {
     }
 }
 
+/// The classes a completion of a partial program may still resolve, as a bitset over classes:
+/// those reached from its holes through the e-nodes of unresolved classes (a resolved class
+/// keeps its pick, so a completion reaches nothing new through it).
+fn open_reach(x: &ExtractGraph, choice: &Choice, holes: &[u32], open: &mut Vec<u64>, stack: &mut Vec<u32>) {
+    open.clear();
+    open.resize(x.ids.len().div_ceil(64), 0);
+    stack.clear();
+    stack.extend_from_slice(holes);
+    while let Some(c) = stack.pop() {
+        let cu = c as usize;
+        if choice[cu] != NONE || open[cu / 64] >> (cu % 64) & 1 == 1 {
+            continue;
+        }
+        open[cu / 64] |= 1 << (cu % 64);
+        for (_, kids) in &x.nodes[cu] {
+            stack.extend(kids.iter().filter(|k| open[**k as usize / 64] >> (**k % 64) & 1 == 0));
+        }
+    }
+}
+
 /// A tuple reduction picked in the program one of whose components no completion reads:
 /// the class holding `get[i](t)` picked another e-node, or no e-node reads it. Product fusion
 /// would compute that component for nothing, which `no_dead_components` refuses in every
@@ -2358,6 +2378,7 @@ impl Extractor {
         let mut sorted_picks: Vec<u32> = Vec::new();
         let mut hole_reach: Vec<u64> = Vec::new();
         let all_reached: Vec<u64> = vec![u64::MAX; classes.div_ceil(64)];
+        let (mut open, mut open_stack): (Vec<u64>, Vec<u32>) = (Vec::new(), Vec::new());
         let mut candidates = Vec::new();
         let mut stop = ExtractStop::Exhausted;
         let mut taken = 0usize;
@@ -2481,7 +2502,8 @@ impl Extractor {
             }
             // Off, every class counts as reachable from a hole while any hole is left.
             let settled: &[u64] = if self.settle_unreached || holes.is_empty() {
-                &hole_reach
+                open_reach(x, &s, holes, &mut open, &mut open_stack);
+                &open
             } else {
                 &all_reached
             };
