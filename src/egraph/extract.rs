@@ -175,6 +175,8 @@ pub struct ExtractGraph<'a> {
     view_users: Vec<Vec<(u32, u32)>>,
     /// Per tuple-typed class, who can read its components (see `dead_component`).
     components: Vec<Option<ComponentReaders>>,
+    /// Per class, the `get[i](t)` e-nodes it holds: (tuple class t, i, e-node index).
+    gets_held: Vec<Vec<(u32, usize, u32)>>,
     /// Per tiled class, whether some completion computes a reduction or a matrix product in
     /// its tile computation (down to its loads); per untiled class, whether every e-node is
     /// a pointwise kernel whatever the picks below it: see `has_pointwise_kernel`.
@@ -411,6 +413,14 @@ impl<'a> ExtractGraph<'a> {
                 }
             }
         }
+        let mut gets_held: Vec<Vec<(u32, usize, u32)>> = vec![Vec::new(); ids.len()];
+        for (t, readers) in components.iter().enumerate() {
+            for (i, get) in readers.iter().flat_map(|r| r.gets.iter().enumerate()) {
+                if let Some((b, j)) = get {
+                    gets_held[*b as usize].push((t as u32, i, *j));
+                }
+            }
+        }
         let is_tiled = |c: usize| info[c].tiled;
         // Least fixpoint: heavy by an e-node of its own, or through a tiled operand.
         let mut heavy_tile = vec![false; ids.len()];
@@ -460,6 +470,7 @@ impl<'a> ExtractGraph<'a> {
             g,
             info,
             components,
+            gets_held,
             unswapped,
             heavy_tile,
             pointwise_only,
@@ -1494,6 +1505,43 @@ fn dead_component(x: &ExtractGraph, choice: &Choice, met: &[u32], hole_reach: &[
             }
         })
     })
+}
+
+/// Whether the tuple-typed class `t`, as picked, is a reduction whose component `i` some
+/// `get[i](t)` must read (`dead_component`).
+fn component_needs_reader(x: &ExtractGraph, choice: &Choice, t: u32, i: usize) -> bool {
+    let Some(readers) = x.components[t as usize].as_ref().filter(|r| !r.whole) else {
+        return false;
+    };
+    let reducer = match x.op(t, choice) {
+        Some((
+            ENode {
+                op: Op::ReduceAxis { reducer, .. } | Op::ReduceParallel { reducer, .. },
+                ..
+            },
+            _,
+        )) => reducer,
+        _ => return false,
+    };
+    let first = usize::from(!independent(reducer, &x.g.egraph.analysis.env));
+    i >= first && i < readers.gets.len()
+}
+
+/// The e-node class `b` must pick, if any, for the program not to have a dead component: the
+/// `get[i](t)` of a picked tuple reduction `t` whose component `i` needs a reader (the one
+/// e-node of the e-graph that reads it). `Err` when two such e-nodes are required.
+fn required_get(x: &ExtractGraph, choice: &Choice, b: u32) -> Option<Result<u32, ()>> {
+    let mut required = None;
+    for &(t, i, j) in &x.gets_held[b as usize] {
+        if choice[t as usize] == NONE || !component_needs_reader(x, choice, t, i) {
+            continue;
+        }
+        match required {
+            Some(r) if r != j => return Some(Err(())),
+            _ => required = Some(j),
+        }
+    }
+    required.map(Ok)
 }
 
 /// A reducer over a tuple whose components fold independently (a product of reducers), so
@@ -2594,7 +2642,17 @@ impl Extractor {
             expanded += 1;
             // Operand swaps left out are ≈ₚ a sibling: pruned without being built.
             equivalent += x.nodes[h as usize].len() - options[h as usize].len();
+            // A class holding the `get` a picked fused reduction needs picks it: any other
+            // pick leaves that component dead.
+            let required = self
+                .prune_dead_components
+                .then(|| required_get(x, &s, h))
+                .flatten();
             for &i in &options[h as usize] {
+                if required.is_some_and(|r| r != Ok(i)) {
+                    dead_components += 1;
+                    continue;
+                }
                 let kids = &x.nodes[h as usize][i as usize].1;
                 if reaches(x, &s, kids, h, false, &mut scratch) {
                     continue; // would close a cycle
@@ -2630,7 +2688,18 @@ impl Extractor {
                 while let Some(&k) = reached.get(next).filter(|_| self.unit_propagation) {
                     next += 1;
                     // `reached` holds each class once, none of them picked (picks are reachable).
+                    let required = self
+                        .prune_dead_components
+                        .then(|| required_get(x, &s, k))
+                        .flatten();
                     let only = match options[k as usize].as_slice() {
+                        _ if required.is_some() => match required {
+                            Some(Ok(j)) if options[k as usize].contains(&j) => j,
+                            _ => {
+                                dead = true;
+                                break;
+                            }
+                        },
                         &[only] => only,
                         many => {
                             // Forced too: a class all of whose e-nodes but one would close a
