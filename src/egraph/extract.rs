@@ -2425,6 +2425,7 @@ impl Extractor {
         let mut picks: Vec<u32> = Vec::new();
         let mut sorted_picks: Vec<u32> = Vec::new();
         let mut hole_reach: Vec<u64> = Vec::new();
+        let mut pending: Vec<u32> = Vec::new();
         let all_reached: Vec<u64> = vec![u64::MAX; classes.div_ceil(64)];
         let (mut open, mut open_stack): (Vec<u64>, Vec<u32>) = (Vec::new(), Vec::new());
         let mut candidates = Vec::new();
@@ -2501,10 +2502,33 @@ impl Extractor {
             // equals, the highest class id (an order that does not depend on how the walk
             // wrote commutative operands); measured, it expands fewer states than walk order.
             let hole = match self.hole_order {
-                HoleOrder::FewestNodes => holes
-                    .iter()
-                    .copied()
-                    .min_by_key(|h| (options[*h as usize].len(), Reverse(*h))),
+                HoleOrder::FewestNodes => {
+                    // Components of picked fused reductions still unread.
+                    pending.clear();
+                    for &t in met.iter() {
+                        let Some(readers) = x.components[t as usize].as_ref() else {
+                            continue;
+                        };
+                        for (i, get) in readers.gets.iter().enumerate() {
+                            if let Some((b, _)) = get {
+                                if s[*b as usize] == NONE
+                                    && component_needs_reader(x, &s, t, i)
+                                {
+                                    pending.push(*b);
+                                }
+                            }
+                        }
+                    }
+                    let reaches_pending = |h: u32| {
+                        pending.iter().any(|b| {
+                            let b = *b as usize;
+                            x.reach[h as usize][b / 64] >> (b % 64) & 1 == 1
+                        })
+                    };
+                    holes.iter().copied().min_by_key(|h| {
+                        (!reaches_pending(*h), options[*h as usize].len(), Reverse(*h))
+                    })
+                }
                 HoleOrder::Walk => holes.first().copied(),
                 HoleOrder::Scattered(seed) => {
                     // splitmix64 of the program's trail index and the seed.
