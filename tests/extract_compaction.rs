@@ -266,6 +266,26 @@ fn judging_unreached_classes_early_changes_the_work_not_the_classes() {
     );
 }
 
+/// Kernel regions are part of ≈ₚ: a tiled class shared by two readers joins their kernels,
+/// and two partial programs with equal forms can differ there, so that one has completions
+/// with a launch order and the other none. On fully saturated RMSNorm–MLP, comparing forms
+/// and stored classes alone lost four classes in walk order and in fewest-first order; both
+/// orders must find what the adversarial order finds.
+#[test]
+fn kernel_regions_keep_rmsnorm_mlp_classes_in_every_order() {
+    let g = saturated_example("rmsnorm_mlp", 30);
+    let x = ExtractGraph::new(&g).expect("extractable");
+    let run = |order| extractor(&g, Compaction::Early).with_hole_order(order);
+    same_classes(
+        &x,
+        "rmsnorm_mlp",
+        [
+            ("fewest", run(HoleOrder::FewestNodes)),
+            ("most", run(HoleOrder::MostNodes)),
+        ],
+    );
+}
+
 /// A labelled change to the default extractor.
 type Config = (&'static str, fn(Extractor) -> Extractor);
 

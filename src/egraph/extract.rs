@@ -1452,7 +1452,13 @@ fn loadable(x: &ExtractGraph, choice: &Choice, mut c: u32) -> Option<bool> {
 /// The classes a completion of a partial program may still resolve, as a bitset over classes:
 /// those reached from its holes through the e-nodes of unresolved classes (a resolved class
 /// keeps its pick, so a completion reaches nothing new through it).
-fn open_reach(x: &ExtractGraph, choice: &Choice, holes: &[u32], open: &mut Vec<u64>, stack: &mut Vec<u32>) {
+fn open_reach(
+    x: &ExtractGraph,
+    choice: &Choice,
+    holes: &[u32],
+    open: &mut Vec<u64>,
+    stack: &mut Vec<u32>,
+) {
     open.clear();
     open.resize(x.ids.len().div_ceil(64), 0);
     stack.clear();
@@ -1464,7 +1470,10 @@ fn open_reach(x: &ExtractGraph, choice: &Choice, holes: &[u32], open: &mut Vec<u
         }
         open[cu / 64] |= 1 << (cu % 64);
         for (_, kids) in &x.nodes[cu] {
-            stack.extend(kids.iter().filter(|k| open[**k as usize / 64] >> (**k % 64) & 1 == 0));
+            stack.extend(
+                kids.iter()
+                    .filter(|k| open[**k as usize / 64] >> (**k % 64) & 1 == 0),
+            );
         }
     }
 }
@@ -1685,6 +1694,103 @@ fn kernel_lower_bound(x: &ExtractGraph, choice: &Choice, met: &[u32], memo: &[u3
     }
 }
 
+/// How a program's resolved classes form kernels, as far as they decide it
+/// (`launch_order_impossible`, `hole_context`).
+struct KernelView<'p> {
+    x: &'p ExtractGraph<'p>,
+    choice: &'p Choice,
+    visited: &'p [bool],
+}
+
+/// What a picked class reads through views (`KernelView::load`).
+#[derive(PartialEq)]
+enum Load {
+    /// Not a view chain: computed here.
+    No,
+    /// A load of this tensor-level value.
+    From(u32),
+    /// The chain meets a class not resolved yet.
+    Unknown,
+}
+
+impl KernelView<'_> {
+    fn picked(&self, c: u32) -> bool {
+        self.visited[c as usize] && self.choice[c as usize] != NONE
+    }
+
+    fn op(&self, c: u32) -> &(ENode, Vec<u32>) {
+        &self.x.nodes[c as usize][self.choice[c as usize] as usize]
+    }
+
+    /// A picked view chain down to a tensor-level value is a load of that value.
+    fn load(&self, mut c: u32) -> Load {
+        loop {
+            let (node, kids) = self.op(c);
+            if !matches!(node.op, Op::Partition(..) | Op::Replicate(_)) {
+                return Load::No;
+            }
+            let o = kids[0];
+            if !class_tiled(self.x, o) {
+                return Load::From(o);
+            }
+            if !self.picked(o) {
+                return Load::Unknown;
+            }
+            c = o;
+        }
+    }
+
+    /// A class that is some kernel's work: not a leaf, a constant, an input or a load.
+    fn computed(&self, c: u32) -> bool {
+        self.picked(c)
+            && !matches!(
+                self.op(c).0.op,
+                Op::Input(..) | Op::Constant(..) | Op::Fill(..) | Op::Iota(..)
+            )
+            && !self.x.constant[c as usize]
+            && !self.x.input[c as usize]
+            && self.load(c) == Load::No
+    }
+
+    fn region(&self, c: u32) -> bool {
+        class_tiled(self.x, c) || self.op(c).1.iter().any(|k| class_tiled(self.x, *k))
+    }
+
+    /// Outside a region a `tuple` is plumbing (no kernel of its own), and a `get` belongs to
+    /// its tuple's kernel.
+    fn plumbing(&self, c: u32) -> bool {
+        !self.region(c) && matches!(self.op(c).0.op, Op::Tuple | Op::Get(_))
+    }
+
+    /// Regions as a union-find over classes in `parent` (`find_root`): a computed region class
+    /// joins each tiled operand that is not a load.
+    fn join_regions(&self, picks: &[u32], parent: &mut Vec<u32>) {
+        parent.resize(self.choice.len(), 0);
+        for &c in picks {
+            parent[c as usize] = c;
+        }
+        for &c in picks {
+            if !self.computed(c) || !self.region(c) {
+                continue;
+            }
+            for &o in &self.op(c).1 {
+                if class_tiled(self.x, o) && self.picked(o) && self.load(o) == Load::No {
+                    let (a, b) = (find_root(parent, c), find_root(parent, o));
+                    parent[a as usize] = b;
+                }
+            }
+        }
+    }
+}
+
+fn find_root(p: &mut [u32], mut i: u32) -> u32 {
+    while p[i as usize] != i {
+        p[i as usize] = p[p[i as usize] as usize];
+        i = p[i as usize];
+    }
+    i
+}
+
 /// Whether no completion of a partial program has a kernel launch order: the kernels its
 /// resolved classes already form read each other's stored values in a cycle, or one reads a
 /// value it writes itself. This is `lower::kernel_graph`'s test on what is known so far. A
@@ -1702,46 +1808,13 @@ fn launch_order_impossible(
     picks: &[u32],
     scratch: &mut LaunchScratch,
 ) -> bool {
-    let picked = |c: u32| visited[c as usize] && choice[c as usize] != NONE;
-    let op = |c: u32| &x.nodes[c as usize][choice[c as usize] as usize];
-    #[derive(PartialEq)]
-    enum Load {
-        No,
-        From(u32),
-        Unknown,
-    }
-    // A picked view chain down to a tensor-level value is a load of that value.
-    let load = |mut c: u32| -> Load {
-        loop {
-            let (node, kids) = op(c);
-            if !matches!(node.op, Op::Partition(..) | Op::Replicate(_)) {
-                return Load::No;
-            }
-            let o = kids[0];
-            if !class_tiled(x, o) {
-                return Load::From(o);
-            }
-            if !picked(o) {
-                return Load::Unknown;
-            }
-            c = o;
-        }
-    };
-    // A class that is some kernel's work: not a leaf, a constant, an input or a load.
-    let computed = |c: u32| {
-        picked(c)
-            && !matches!(
-                op(c).0.op,
-                Op::Input(..) | Op::Constant(..) | Op::Fill(..) | Op::Iota(..)
-            )
-            && !x.constant[c as usize]
-            && !x.input[c as usize]
-            && load(c) == Load::No
-    };
-    let region = |c: u32| class_tiled(x, c) || op(c).1.iter().any(|k| class_tiled(x, *k));
-    // Outside a region a `tuple` is plumbing (no kernel of its own), and a `get` belongs to
-    // its tuple's kernel.
-    let plumbing = |c: u32| !region(c) && matches!(op(c).0.op, Op::Tuple | Op::Get(_));
+    let kv = KernelView { x, choice, visited };
+    let op = |c: u32| kv.op(c);
+    let picked = |c: u32| kv.picked(c);
+    let load = |c: u32| kv.load(c);
+    let computed = |c: u32| kv.computed(c);
+    let region = |c: u32| kv.region(c);
+    let plumbing = |c: u32| kv.plumbing(c);
     // Reads of stored values: (reader class, tensor-level value class). A `get` reading its
     // own kernel's tuple reads no global memory: once kernels join, its read may vanish, so
     // it proves nothing here.
@@ -1772,35 +1845,13 @@ fn launch_order_impossible(
     if reads.is_empty() {
         return false;
     }
-    // Regions: a region class joins each tiled operand that is not a load.
-    parent.resize(choice.len(), 0);
-    for &c in picks {
-        parent[c as usize] = c;
-    }
-    fn find(p: &mut [u32], mut i: u32) -> u32 {
-        while p[i as usize] != i {
-            p[i as usize] = p[p[i as usize] as usize];
-            i = p[i as usize];
-        }
-        i
-    }
-    for &c in picks {
-        if !computed(c) || !region(c) {
-            continue;
-        }
-        for &o in &op(c).1 {
-            if class_tiled(x, o) && picked(o) && load(o) == Load::No {
-                let (a, b) = (find(parent, c), find(parent, o));
-                parent[a as usize] = b;
-            }
-        }
-    }
+    kv.join_regions(picks, parent);
     // A region class's kernel is its region's; another class is a kernel of its own (its
     // default tiling), but a `get` outside a region is its tuple's, and a `tuple` outside a
     // region none, as far as the picks decide (`NONE` otherwise).
     let mut kernel = |mut c: u32| loop {
         if region(c) {
-            return find(parent, c);
+            return find_root(parent, c);
         }
         if !plumbing(c) {
             return c;
@@ -2152,18 +2203,51 @@ impl OnceScratch {
 /// stored classes, and a completion that computes the unsquared value again is refused in one
 /// program and not the other. Without them, forcing past e-nodes that close a cycle made walk
 /// order keep the refused program and lose 3 of layernorm_gemm's 1,455 classes.
+///
+/// It also names how the resolved classes a completion can attach to (those a hole reaches,
+/// and those with a hole operand) share kernel regions: a tiled class read by two others
+/// joins their kernels, which ≈ does not see either (forms are trees). On RMSNorm–MLP a
+/// program T whose `c29 = c80 * c81` shares the tile `c80 = w * x` with the tile matmul of a
+/// fused reduction pruned a program S writing `c29 = w * (c81 * x)`: equal forms, but in T
+/// the kernel around hole `c81` is the one that writes the stored reduction `c81`'s
+/// completion reads back, so every completion of T had no launch order while S's did, and
+/// four classes were lost (fewest-first with holes that reach unread fused components first,
+/// and walk order at the start of 2026-11-24).
 fn hole_context(
     x: &ExtractGraph,
-    (s, sorted_picks): (&Choice, &[u32]),
+    (s, sorted_picks, visited): (&Choice, &[u32], &[bool]),
     reach: &[u64],
     memo: &[u32],
     by: HoleContext,
+    regions: &mut RegionScratch,
 ) -> Vec<u64> {
     // Canonical ids and pick indices both stay below 2^31: the top bit tells them apart.
     const FORM: u64 = 1 << 31;
     // A stored class: its id alone, tagged by the top bit (class ids stay below 2^31).
     const STORED: u64 = 1 << 63;
-    sorted_picks
+    // A region class a completion can attach to, with the least such class of its region.
+    const REGION: u64 = 1 << 62;
+    let kv = KernelView {
+        x,
+        choice: s,
+        visited,
+    };
+    let RegionScratch { parent, least } = regions;
+    kv.join_regions(sorted_picks, parent);
+    let interface = |c: u32| {
+        let cu = c as usize;
+        kv.computed(c)
+            && kv.region(c)
+            && (reach[cu / 64] >> (cu % 64) & 1 == 1
+                || kv.op(c).1.iter().any(|k| s[*k as usize] == NONE))
+    };
+    least.clear();
+    for &c in sorted_picks.iter().filter(|c| interface(**c)) {
+        let r = find_root(parent, c);
+        let l = least.entry(r).or_insert(c);
+        *l = (*l).min(c);
+    }
+    let mut context: Vec<u64> = sorted_picks
         .iter()
         .map(|c| (*c as usize, s[*c as usize]))
         .filter(|(c, _)| x.nodes[*c].len() > 1 && reach[c / 64] >> (c % 64) & 1 == 1)
@@ -2178,7 +2262,21 @@ fn hole_context(
             let cu = c as usize;
             (!class_tiled(x, c) && !x.constant[cu] && !x.input[cu]).then_some(STORED | u64::from(c))
         }))
-        .collect()
+        .collect();
+    for &c in sorted_picks.iter().filter(|c| interface(**c)) {
+        let l = least[&find_root(parent, c)];
+        context.push(REGION | (u64::from(c) << 31) | u64::from(l));
+    }
+    context
+}
+
+/// Scratch space for the regions of `hole_context`.
+#[derive(Default)]
+struct RegionScratch {
+    /// Union-find over classes (`KernelView::join_regions`).
+    parent: Vec<u32>,
+    /// Per region root, its least class a completion can attach to.
+    least: FxHashMap<u32, u32>,
 }
 
 /// What ≈ₚ compares besides canonical forms (see `hole_context`).
@@ -2426,6 +2524,7 @@ impl Extractor {
         let mut sorted_picks: Vec<u32> = Vec::new();
         let mut hole_reach: Vec<u64> = Vec::new();
         let mut pending: Vec<u32> = Vec::new();
+        let mut region_scratch = RegionScratch::default();
         let all_reached: Vec<u64> = vec![u64::MAX; classes.div_ceil(64)];
         let (mut open, mut open_stack): (Vec<u64>, Vec<u32>) = (Vec::new(), Vec::new());
         let mut candidates = Vec::new();
@@ -2511,9 +2610,7 @@ impl Extractor {
                         };
                         for (i, get) in readers.gets.iter().enumerate() {
                             if let Some((b, _)) = get {
-                                if s[*b as usize] == NONE
-                                    && component_needs_reader(x, &s, t, i)
-                                {
+                                if s[*b as usize] == NONE && component_needs_reader(x, &s, t, i) {
                                     pending.push(*b);
                                 }
                             }
@@ -2526,7 +2623,11 @@ impl Extractor {
                         })
                     };
                     holes.iter().copied().min_by_key(|h| {
-                        (!reaches_pending(*h), options[*h as usize].len(), Reverse(*h))
+                        (
+                            !reaches_pending(*h),
+                            options[*h as usize].len(),
+                            Reverse(*h),
+                        )
                     })
                 }
                 HoleOrder::Walk => holes.first().copied(),
@@ -2559,7 +2660,14 @@ impl Extractor {
             let key = (self.compaction == Compaction::Early && !holes.is_empty()).then(|| {
                 (
                     form.clone(),
-                    hole_context(x, (&s, &sorted_picks), &hole_reach, memo, self.hole_context),
+                    hole_context(
+                        x,
+                        (&s, &sorted_picks, visited),
+                        &hole_reach,
+                        memo,
+                        self.hole_context,
+                        &mut region_scratch,
+                    ),
                 )
             });
             if key.as_ref().is_some_and(|k| seen.contains(k)) {
