@@ -2234,12 +2234,17 @@ fn hole_context(
     };
     let RegionScratch { parent, least } = regions;
     kv.join_regions(sorted_picks, parent);
+    // A class a completion can attach to: one a hole reaches, or one with an operand that is
+    // a hole or views of one (a tile the completion may compute, joining its kernel).
     let interface = |c: u32| {
         let cu = c as usize;
         kv.computed(c)
             && kv.region(c)
             && (reach[cu / 64] >> (cu % 64) & 1 == 1
-                || kv.op(c).1.iter().any(|k| s[*k as usize] == NONE))
+                || kv.op(c).1.iter().any(|&k| {
+                    s[k as usize] == NONE
+                        || class_tiled(x, k) && kv.picked(k) && kv.load(k) == Load::Unknown
+                }))
     };
     least.clear();
     for &c in sorted_picks.iter().filter(|c| interface(**c)) {
