@@ -1762,6 +1762,76 @@ impl KernelView<'_> {
         !self.region(c) && matches!(self.op(c).0.op, Op::Tuple | Op::Get(_))
     }
 
+    /// The kernel graph of the resolved classes into `scratch.edges` (writer kernel, reader
+    /// kernel; sorted, deduplicated), regions joined into `scratch.parent` unless `joined`
+    /// says they are already. True when a kernel reads a value it writes itself. Reads of
+    /// stored values only: a `get` reading its own kernel's tuple reads no global memory (once
+    /// kernels join, its read may vanish, so it proves nothing here).
+    fn kernel_edges(&self, picks: &[u32], scratch: &mut LaunchScratch, joined: bool) -> bool {
+        let LaunchScratch {
+            parent,
+            reads,
+            edges,
+        } = scratch;
+        reads.clear();
+        edges.clear();
+        for &j in picks {
+            if !self.computed(j) || self.plumbing(j) || matches!(self.op(j).0.op, Op::Get(_)) {
+                continue;
+            }
+            for &o in &self.op(j).1 {
+                if !self.picked(o) {
+                    continue;
+                }
+                let value = match self.load(o) {
+                    Load::From(b) => b,
+                    Load::No => o,
+                    Load::Unknown => continue,
+                };
+                if !class_tiled(self.x, value) && self.computed(value) {
+                    reads.push((j, value));
+                }
+            }
+        }
+        if reads.is_empty() {
+            return false;
+        }
+        if !joined {
+            self.join_regions(picks, parent);
+        }
+        for &(j, value) in reads.iter() {
+            let (reader, writer) = (self.kernel(parent, j), self.kernel(parent, value));
+            if writer == NONE {
+                continue;
+            }
+            if reader == writer {
+                return true;
+            }
+            edges.push((writer, reader));
+        }
+        edges.sort_unstable();
+        edges.dedup();
+        false
+    }
+
+    /// A region class's kernel is its region's; another class is a kernel of its own (its
+    /// default tiling), but a `get` outside a region is its tuple's, and a `tuple` outside a
+    /// region none, as far as the picks decide (`NONE` otherwise).
+    fn kernel(&self, parent: &mut [u32], mut c: u32) -> u32 {
+        loop {
+            if self.region(c) {
+                return find_root(parent, c);
+            }
+            if !self.plumbing(c) {
+                return c;
+            }
+            match (&self.op(c).0.op, self.op(c).1.first()) {
+                (Op::Get(_), Some(&t)) if self.computed(t) => c = t,
+                _ => return NONE,
+            }
+        }
+    }
+
     /// Regions as a union-find over classes in `parent` (`find_root`): a computed region class
     /// joins each tiled operand that is not a load.
     fn join_regions(&self, picks: &[u32], parent: &mut Vec<u32>) {
@@ -1809,71 +1879,10 @@ fn launch_order_impossible(
     scratch: &mut LaunchScratch,
 ) -> bool {
     let kv = KernelView { x, choice, visited };
-    let op = |c: u32| kv.op(c);
-    let picked = |c: u32| kv.picked(c);
-    let load = |c: u32| kv.load(c);
-    let computed = |c: u32| kv.computed(c);
-    let region = |c: u32| kv.region(c);
-    let plumbing = |c: u32| kv.plumbing(c);
-    // Reads of stored values: (reader class, tensor-level value class). A `get` reading its
-    // own kernel's tuple reads no global memory: once kernels join, its read may vanish, so
-    // it proves nothing here.
-    let LaunchScratch {
-        parent,
-        reads,
-        edges,
-    } = scratch;
-    reads.clear();
-    for &j in picks {
-        if !computed(j) || plumbing(j) || matches!(op(j).0.op, Op::Get(_)) {
-            continue;
-        }
-        for &o in &op(j).1 {
-            if !picked(o) {
-                continue;
-            }
-            let value = match load(o) {
-                Load::From(b) => b,
-                Load::No => o,
-                Load::Unknown => continue,
-            };
-            if !class_tiled(x, value) && computed(value) {
-                reads.push((j, value));
-            }
-        }
+    if kv.kernel_edges(picks, scratch, false) {
+        return true; // a kernel reading what it writes
     }
-    if reads.is_empty() {
-        return false;
-    }
-    kv.join_regions(picks, parent);
-    // A region class's kernel is its region's; another class is a kernel of its own (its
-    // default tiling), but a `get` outside a region is its tuple's, and a `tuple` outside a
-    // region none, as far as the picks decide (`NONE` otherwise).
-    let mut kernel = |mut c: u32| loop {
-        if region(c) {
-            return find_root(parent, c);
-        }
-        if !plumbing(c) {
-            return c;
-        }
-        match (&op(c).0.op, op(c).1.first()) {
-            (Op::Get(_), Some(&t)) if computed(t) => c = t,
-            _ => return NONE,
-        }
-    };
-    edges.clear();
-    for &(j, value) in reads.iter() {
-        let (reader, writer) = (kernel(j), kernel(value));
-        if writer == NONE {
-            continue;
-        }
-        if reader == writer {
-            return true; // a kernel reading what it writes
-        }
-        edges.push((writer, reader));
-    }
-    edges.sort_unstable();
-    edges.dedup();
+    let edges = &scratch.edges;
     if edges.len() < 2 {
         return false;
     }
@@ -2212,7 +2221,10 @@ impl OnceScratch {
 /// the kernel around hole `c81` is the one that writes the stored reduction `c81`'s
 /// completion reads back, so every completion of T had no launch order while S's did, and
 /// four classes were lost (fewest-first with holes that reach unread fused components first,
-/// and walk order at the start of 2026-11-24).
+/// and walk order at the start of 2026-11-24). For the same reason it names which of those
+/// kernels reach which others through the kernels the resolved classes form: a completion
+/// closes a cycle through them exactly when such a path exists. Both use the kernel model of
+/// `launch_order_impossible`, not the lowering's own.
 fn hole_context(
     x: &ExtractGraph,
     (s, sorted_picks, visited): (&Choice, &[u32], &[bool]),
@@ -2232,8 +2244,15 @@ fn hole_context(
         choice: s,
         visited,
     };
-    let RegionScratch { parent, least } = regions;
-    kv.join_regions(sorted_picks, parent);
+    let RegionScratch {
+        launch,
+        least,
+        labels,
+        stack,
+        seen,
+    } = regions;
+    kv.join_regions(sorted_picks, &mut launch.parent);
+    let parent = &mut launch.parent;
     // A class a completion can attach to: one a hole reaches, or one with an operand that is
     // a hole or views of one (a tile the completion may compute, joining its kernel).
     let interface = |c: u32| {
@@ -2272,16 +2291,61 @@ fn hole_context(
         let l = least[&find_root(parent, c)];
         context.push(REGION | (u64::from(c) << 31) | u64::from(l));
     }
+    // Paths between those kernels through the resolved ones: a completion that joins or links
+    // two of them closes a cycle exactly when such a path exists. Kernels are named by their
+    // least attachable class, or, for a class a hole reaches that is a kernel of its own, by
+    // that class.
+    const PATH: u64 = 1 << 61;
+    labels.clear();
+    for (&root, &l) in least.iter() {
+        labels.insert(root, l);
+    }
+    for &c in sorted_picks {
+        let cu = c as usize;
+        if reach[cu / 64] >> (cu % 64) & 1 == 1
+            && kv.computed(c)
+            && !kv.region(c)
+            && !kv.plumbing(c)
+        {
+            labels.insert(c, c);
+        }
+    }
+    kv.kernel_edges(sorted_picks, launch, true);
+    let edges = &launch.edges;
+    let start = context.len();
+    if !edges.is_empty() {
+        for (&k, &from) in labels.iter() {
+            seen.clear();
+            stack.clear();
+            stack.push(k);
+            while let Some(a) = stack.pop() {
+                let first = edges.partition_point(|e| e.0 < a);
+                for &(_, b) in edges[first..].iter().take_while(|e| e.0 == a) {
+                    if seen.insert(b) {
+                        stack.push(b);
+                        if let Some(&to) = labels.get(&b) {
+                            context.push(PATH | (u64::from(from) << 30) | u64::from(to));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    context[start..].sort_unstable();
     context
 }
 
-/// Scratch space for the regions of `hole_context`.
+/// Scratch space for the kernels of `hole_context`.
 #[derive(Default)]
 struct RegionScratch {
-    /// Union-find over classes (`KernelView::join_regions`).
-    parent: Vec<u32>,
+    /// Regions (`KernelView::join_regions`) and the kernel graph (`KernelView::kernel_edges`).
+    launch: LaunchScratch,
     /// Per region root, its least class a completion can attach to.
     least: FxHashMap<u32, u32>,
+    /// The kernels a completion can attach to, by their names in the context.
+    labels: FxHashMap<u32, u32>,
+    stack: Vec<u32>,
+    seen: FxHashSet<u32>,
 }
 
 /// What ≈ₚ compares besides canonical forms (see `hole_context`).
