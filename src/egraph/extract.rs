@@ -1487,20 +1487,9 @@ fn open_reach(
 /// a repair-fused reduction only carries for the next, its first, needs no reader.)
 fn dead_component(x: &ExtractGraph, choice: &Choice, met: &[u32], hole_reach: &[u64]) -> bool {
     met.iter().any(|&c| {
-        let Some(t) = x.components[c as usize].as_ref().filter(|t| !t.whole) else {
+        let Some((t, first)) = readers_needed(x, choice, c) else {
             return false;
         };
-        let reducer = match x.op(c, choice) {
-            Some((
-                ENode {
-                    op: Op::ReduceAxis { reducer, .. } | Op::ReduceParallel { reducer, .. },
-                    ..
-                },
-                _,
-            )) => reducer,
-            _ => return false,
-        };
-        let first = usize::from(!independent(reducer, &x.g.egraph.analysis.env));
         t.gets.iter().skip(first).any(|g| match g {
             None => true,
             Some((b, j)) => {
@@ -1516,12 +1505,14 @@ fn dead_component(x: &ExtractGraph, choice: &Choice, met: &[u32], hole_reach: &[
     })
 }
 
-/// Whether the tuple-typed class `t`, as picked, is a reduction whose component `i` some
-/// `get[i](t)` must read (`dead_component`).
-fn component_needs_reader(x: &ExtractGraph, choice: &Choice, t: u32, i: usize) -> bool {
-    let Some(readers) = x.components[t as usize].as_ref().filter(|r| !r.whole) else {
-        return false;
-    };
+/// For a tuple-typed class `t` picked as a reduction and not read whole, its component
+/// readers and the first component that needs one (`dead_component`).
+fn readers_needed<'x>(
+    x: &'x ExtractGraph,
+    choice: &Choice,
+    t: u32,
+) -> Option<(&'x ComponentReaders, usize)> {
+    let readers = x.components[t as usize].as_ref().filter(|r| !r.whole)?;
     let reducer = match x.op(t, choice) {
         Some((
             ENode {
@@ -1530,10 +1521,16 @@ fn component_needs_reader(x: &ExtractGraph, choice: &Choice, t: u32, i: usize) -
             },
             _,
         )) => reducer,
-        _ => return false,
+        _ => return None,
     };
     let first = usize::from(!independent(reducer, &x.g.egraph.analysis.env));
-    i >= first && i < readers.gets.len()
+    Some((readers, first))
+}
+
+/// Whether the tuple-typed class `t`, as picked, is a reduction whose component `i` some
+/// `get[i](t)` must read (`dead_component`).
+fn component_needs_reader(x: &ExtractGraph, choice: &Choice, t: u32, i: usize) -> bool {
+    readers_needed(x, choice, t).is_some_and(|(r, first)| i >= first && i < r.gets.len())
 }
 
 /// The e-node class `b` must pick, if any, for the program not to have a dead component: the
