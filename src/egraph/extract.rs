@@ -2715,7 +2715,8 @@ impl Extractor {
             // Early compaction looks a partial program up before the validity checks: one ≈ₚ
             // a program taken passed them or would be pruned by them anyway, so the lookup
             // saves their cost, and it is inserted once it passes them.
-            // The classes a completion may still pick: those the holes reach.
+            // Every class the holes reach through any e-node, resolved ones included: those
+            // whose picks and regions ≈ₚ compares (`hole_context`).
             hole_reach.clear();
             hole_reach.resize(classes.div_ceil(64), 0);
             for h in holes {
@@ -3227,12 +3228,9 @@ mod tests {
             );
             assert_eq!(reused.met, fresh.met, "program {i}: classes met");
             assert_eq!(reused.holes, fresh.holes, "program {i}: holes");
-            let mut hole_reach = vec![0u64; x.ids.len().div_ceil(64)];
-            for h in &fresh.holes {
-                for (r, w) in hole_reach.iter_mut().zip(&x.reach[*h as usize]) {
-                    *r |= w;
-                }
-            }
+            // As `Extractor::run` judges it: classes out of the completions' reach settled.
+            let mut hole_reach = Vec::new();
+            open_reach(&x, s, &fresh.holes, &mut hole_reach, &mut Vec::new());
             if i == 150 {
                 // Across a wrap of the generation counter too.
                 reused_scratch.generation = u32::MAX;
