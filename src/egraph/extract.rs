@@ -1697,6 +1697,44 @@ struct KernelView<'p> {
     x: &'p ExtractGraph<'p>,
     choice: &'p Choice,
     visited: &'p [bool],
+    /// `load` per class, for this program only (`LoadMemo::view`).
+    loads: &'p [std::cell::Cell<u64>],
+    generation: u32,
+}
+
+/// `KernelView::load` results of one program: the region context and the launch-order test
+/// ask for the same chains many times over. A slot holds the generation of the program it
+/// was computed for in its upper half.
+#[derive(Default)]
+struct LoadMemo {
+    generation: u32,
+    slots: Vec<std::cell::Cell<u64>>,
+}
+
+impl LoadMemo {
+    /// Forget the last program's loads.
+    fn next_program(&mut self, classes: usize) {
+        self.generation = self.generation.wrapping_add(1);
+        if self.generation == 0 || self.slots.len() != classes {
+            self.slots = vec![std::cell::Cell::new(0); classes];
+            self.generation = 1;
+        }
+    }
+
+    fn view<'p>(
+        &'p self,
+        x: &'p ExtractGraph<'p>,
+        choice: &'p Choice,
+        visited: &'p [bool],
+    ) -> KernelView<'p> {
+        KernelView {
+            x,
+            choice,
+            visited,
+            loads: &self.slots,
+            generation: self.generation,
+        }
+    }
 }
 
 /// What a picked class reads through views (`KernelView::load`).
@@ -1720,7 +1758,27 @@ impl KernelView<'_> {
     }
 
     /// A picked view chain down to a tensor-level value is a load of that value.
-    fn load(&self, mut c: u32) -> Load {
+    fn load(&self, c: u32) -> Load {
+        let slot = &self.loads[c as usize];
+        let (generation, code) = ((slot.get() >> 32) as u32, slot.get() as u32);
+        if generation == self.generation {
+            return match code {
+                0 => Load::No,
+                1 => Load::Unknown,
+                o => Load::From(o - 2),
+            };
+        }
+        let load = self.load_uncached(c);
+        let code = match load {
+            Load::No => 0,
+            Load::Unknown => 1,
+            Load::From(o) => o + 2,
+        };
+        slot.set(u64::from(self.generation) << 32 | u64::from(code));
+        load
+    }
+
+    fn load_uncached(&self, mut c: u32) -> Load {
         loop {
             let (node, kids) = self.op(c);
             if !matches!(node.op, Op::Partition(..) | Op::Replicate(_)) {
@@ -1868,18 +1926,13 @@ fn find_root(p: &mut [u32], mut i: u32) -> u32 {
 /// tile?), the kernel of a `get` whose tuple is a hole or plumbing, and reads by `tuple` and
 /// `get` (outside a region a tuple's readers read its parts; a get's read of its own kernel's
 /// tuple is none, and may become so when kernels join).
-fn launch_order_impossible(
-    x: &ExtractGraph,
-    choice: &Choice,
-    visited: &[bool],
-    picks: &[u32],
-    scratch: &mut LaunchScratch,
-) -> bool {
-    let kv = KernelView { x, choice, visited };
-    if kv.kernel_edges(picks, scratch, false) {
-        return true; // a kernel reading what it writes
-    }
-    let edges = &scratch.edges;
+fn launch_order_impossible(kv: &KernelView, picks: &[u32], scratch: &mut LaunchScratch) -> bool {
+    // A kernel reading what it writes, or a cycle.
+    kv.kernel_edges(picks, scratch, false) || kernel_cycle(&scratch.edges)
+}
+
+/// Whether kernel read edges (writer, reader; sorted) form a cycle.
+fn kernel_cycle(edges: &[(u32, u32)]) -> bool {
     if edges.len() < 2 {
         return false;
     }
@@ -2223,30 +2276,27 @@ impl OnceScratch {
 /// closes a cycle through them exactly when such a path exists. Both use the kernel model of
 /// `launch_order_impossible`, not the lowering's own.
 fn hole_context(
-    x: &ExtractGraph,
-    (s, sorted_picks, visited): (&Choice, &[u32], &[bool]),
+    kv: &KernelView,
+    sorted_picks: &[u32],
     reach: &[u64],
     memo: &[u32],
     by: HoleContext,
     regions: &mut RegionScratch,
 ) -> Vec<u64> {
+    let (x, s) = (kv.x, kv.choice);
     // Canonical ids and pick indices both stay below 2^31: the top bit tells them apart.
     const FORM: u64 = 1 << 31;
     // A stored class: its id alone, tagged by the top bit (class ids stay below 2^31).
     const STORED: u64 = 1 << 63;
     // A region class a completion can attach to, with the least such class of its region.
     const REGION: u64 = 1 << 62;
-    let kv = KernelView {
-        x,
-        choice: s,
-        visited,
-    };
     let RegionScratch {
         launch,
         least,
         labels,
         stack,
         seen,
+        self_read,
     } = regions;
     kv.join_regions(sorted_picks, &mut launch.parent);
     let parent = &mut launch.parent;
@@ -2307,7 +2357,8 @@ fn hole_context(
             labels.insert(c, c);
         }
     }
-    kv.kernel_edges(sorted_picks, launch, true);
+    // Also the launch-order test's graph (`RegionScratch::self_read`).
+    *self_read = kv.kernel_edges(sorted_picks, launch, true);
     let edges = &launch.edges;
     let start = context.len();
     if !edges.is_empty() {
@@ -2343,6 +2394,10 @@ struct RegionScratch {
     labels: FxHashMap<u32, u32>,
     stack: Vec<u32>,
     seen: FxHashSet<u32>,
+    /// Whether a kernel reads what it writes. With `launch.edges`, the kernel graph
+    /// `launch_order_impossible` builds (up to the names of regions, which `kernel_cycle` does
+    /// not see), so the test reuses them for a program it looked up.
+    self_read: bool,
 }
 
 /// What ≈ₚ compares besides canonical forms (see `hole_context`).
@@ -2585,6 +2640,7 @@ impl Extractor {
         let (mut expanded, mut complete, mut rejected) = (0usize, 0usize, 0usize);
         let mut no_launch_order = 0usize;
         let mut launch_scratch = LaunchScratch::default();
+        let mut load_memo = LoadMemo::default();
         // The classes the program being looked at has picked.
         let mut picks: Vec<u32> = Vec::new();
         let mut sorted_picks: Vec<u32> = Vec::new();
@@ -2712,9 +2768,6 @@ impl Extractor {
                     .max_by_key(|h| options[*h as usize].len()),
             };
             let cost = estimate(x, &s, met, holes);
-            // Early compaction looks a partial program up before the validity checks: one ≈ₚ
-            // a program taken passed them or would be pruned by them anyway, so the lookup
-            // saves their cost, and it is inserted once it passes them.
             // Every class the holes reach through any e-node, resolved ones included: those
             // whose picks and regions ≈ₚ compares (`hole_context`).
             hole_reach.clear();
@@ -2722,29 +2775,6 @@ impl Extractor {
             for h in holes {
                 for (r, w) in hole_reach.iter_mut().zip(&x.reach[*h as usize]) {
                     *r |= w;
-                }
-            }
-            let key = (self.compaction == Compaction::Early && !holes.is_empty()).then(|| {
-                (
-                    form.clone(),
-                    hole_context(
-                        x,
-                        (&s, &sorted_picks, visited),
-                        &hole_reach,
-                        memo,
-                        self.hole_context,
-                        &mut region_scratch,
-                    ),
-                )
-            });
-            if key.as_ref().is_some_and(|k| seen.contains(k)) {
-                equivalent += 1;
-                continue; // ≈ₚ a program already taken
-            }
-            if let Some(max) = self.max_kernels {
-                if kernel_lower_bound(x, &s, met, memo) > max {
-                    over_kernels += 1;
-                    continue;
                 }
             }
             // Off, every class counts as reachable from a hole while any hole is left.
@@ -2766,10 +2796,42 @@ impl Extractor {
                 pointwise_kernels += 1;
                 continue;
             }
-            if self.prune_no_launch_order
-                && !holes.is_empty()
-                && launch_order_impossible(x, &s, visited, &picks, &mut launch_scratch)
-            {
+            // Early compaction looks a partial program up after the checks on its resolved
+            // part and inserts it once it passes them. A program is dropped if it fails them
+            // or is ≈ₚ one taken, in either order, so the order decides only the cost: the
+            // hole context costs more than the checks, and more programs fail them than are
+            // ≈ₚ one taken.
+            load_memo.next_program(classes);
+            let kv = load_memo.view(x, &s, visited);
+            let key = (self.compaction == Compaction::Early && !holes.is_empty()).then(|| {
+                (
+                    form.clone(),
+                    hole_context(
+                        &kv,
+                        &sorted_picks,
+                        &hole_reach,
+                        memo,
+                        self.hole_context,
+                        &mut region_scratch,
+                    ),
+                )
+            });
+            if key.as_ref().is_some_and(|k| seen.contains(k)) {
+                equivalent += 1;
+                continue; // ≈ₚ a program already taken
+            }
+            if let Some(max) = self.max_kernels {
+                if kernel_lower_bound(x, &s, met, memo) > max {
+                    over_kernels += 1;
+                    continue;
+                }
+            }
+            // The hole context built the kernel graph already.
+            let no_order = |launch_scratch: &mut LaunchScratch| match key {
+                Some(_) => region_scratch.self_read || kernel_cycle(&region_scratch.launch.edges),
+                None => launch_order_impossible(&kv, &picks, launch_scratch),
+            };
+            if self.prune_no_launch_order && !holes.is_empty() && no_order(&mut launch_scratch) {
                 no_launch_order += 1;
                 continue;
             }
@@ -2794,7 +2856,7 @@ impl Extractor {
                 // The partial test is exact enough to refuse most such programs before they
                 // are rebuilt as functions; `summarize` below decides the rest.
                 if self.prune_no_launch_order
-                    && launch_order_impossible(x, &s, visited, &picks, &mut launch_scratch)
+                    && launch_order_impossible(&kv, &picks, &mut launch_scratch)
                 {
                     no_launch_order += 1;
                     continue;
