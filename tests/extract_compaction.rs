@@ -125,6 +125,52 @@ fn early_compaction_keeps_one_representative_of_every_class() {
     }
 }
 
+/// Early compaction against full enumeration on the saturated workloads of
+/// `../shared/design/workloads.md` whose full enumeration finishes in seconds: the kernel
+/// regions, stored values and fused reductions of real programs, which the small e-graphs
+/// above do not have.
+#[test]
+fn early_compaction_keeps_every_class_of_saturated_workloads() {
+    for name in ["gated_mlp", "ngpt", "lora", "rmsnorm_gemm"] {
+        let g = saturated_example(name, 30);
+        let x = ExtractGraph::new(&g).expect("extractable");
+        let started = std::time::Instant::now();
+        let (early, early_states) = classes(&g, &x, Compaction::Early);
+        let early_time = started.elapsed();
+        let (after, after_states) = classes(&g, &x, Compaction::After);
+        let early_set: BTreeSet<&String> = early.iter().collect();
+        let after_set: BTreeSet<&String> = after.iter().collect();
+        assert_eq!(
+            early_set.len(),
+            early.len(),
+            "{name}: early has ≈ duplicates"
+        );
+        assert_eq!(
+            after_set.len(),
+            after.len(),
+            "{name}: after has ≈ duplicates"
+        );
+        let missing: Vec<&&String> = after_set.difference(&early_set).collect();
+        assert!(
+            missing.is_empty() && early_set == after_set,
+            "{name}: early compaction misses {} classes, e.g.\n{}",
+            missing.len(),
+            missing.first().map(|s| s.as_str()).unwrap_or("")
+        );
+        assert!(!early.is_empty(), "{name}: no candidates");
+        assert!(
+            early_states < after_states,
+            "{name}: early expanded {early_states} states, after {after_states}"
+        );
+        eprintln!(
+            "{name}: {} classes; expanded early {early_states}, after {after_states} ({:.1?}, {:.1?})",
+            early.len(),
+            early_time,
+            started.elapsed() - early_time
+        );
+    }
+}
+
 /// Runs two configurations of early compaction on one e-graph, asserts that they find the
 /// same classes (and no ≈ duplicates), and returns the states each expanded.
 fn same_classes(x: &ExtractGraph, what: &str, runs: [(&str, Extractor); 2]) -> (usize, [usize; 2]) {
