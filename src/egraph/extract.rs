@@ -2282,7 +2282,8 @@ fn hole_context(
     memo: &[u32],
     by: HoleContext,
     regions: &mut RegionScratch,
-) -> Vec<u64> {
+    context: &mut Vec<u64>,
+) {
     let (x, s) = (kv.x, kv.choice);
     // Canonical ids and pick indices both stay below 2^31: the top bit tells them apart.
     const FORM: u64 = 1 << 31;
@@ -2318,22 +2319,25 @@ fn hole_context(
         let l = least.entry(r).or_insert(c);
         *l = (*l).min(c);
     }
-    let mut context: Vec<u64> = sorted_picks
-        .iter()
-        .map(|c| (*c as usize, s[*c as usize]))
-        .filter(|(c, _)| x.nodes[*c].len() > 1 && reach[c / 64] >> (c % 64) & 1 == 1)
-        .map(|(c, n)| {
-            let value = match (by, memo[c]) {
-                (HoleContext::Forms, id) if id != NONE => FORM | u64::from(id),
-                _ => u64::from(n),
-            };
-            ((c as u64) << 32) | value
-        })
-        .chain(sorted_picks.iter().filter_map(|&c| {
-            let cu = c as usize;
-            (!class_tiled(x, c) && !x.constant[cu] && !x.input[cu]).then_some(STORED | u64::from(c))
-        }))
-        .collect();
+    context.clear();
+    context.extend(
+        sorted_picks
+            .iter()
+            .map(|c| (*c as usize, s[*c as usize]))
+            .filter(|(c, _)| x.nodes[*c].len() > 1 && reach[c / 64] >> (c % 64) & 1 == 1)
+            .map(|(c, n)| {
+                let value = match (by, memo[c]) {
+                    (HoleContext::Forms, id) if id != NONE => FORM | u64::from(id),
+                    _ => u64::from(n),
+                };
+                ((c as u64) << 32) | value
+            })
+            .chain(sorted_picks.iter().filter_map(|&c| {
+                let cu = c as usize;
+                (!class_tiled(x, c) && !x.constant[cu] && !x.input[cu])
+                    .then_some(STORED | u64::from(c))
+            })),
+    );
     for &c in sorted_picks.iter().filter(|c| interface(**c)) {
         let l = least[&find_root(parent, c)];
         context.push(REGION | (u64::from(c) << 31) | u64::from(l));
@@ -2380,7 +2384,74 @@ fn hole_context(
         }
     }
     context[start..].sort_unstable();
-    context
+}
+
+/// Early compaction's seen-set: partial programs as their canonical form and hole context,
+/// stored end to end in chunks of one arena. Millions of keys of a few hundred words each
+/// were two heap blocks apiece (with the slack of a growing vector) in a set of tuples; a
+/// chunk never moves, so the arena grows without copying what it holds.
+#[derive(Default)]
+struct SeenSet {
+    /// (chunk, offset, form length, context length) per key.
+    table: hashbrown::HashTable<(u32, u32, u32, u32)>,
+    chunks: Vec<Vec<u64>>,
+}
+
+impl SeenSet {
+    const CHUNK: usize = 1 << 20;
+
+    fn hash(form: &[u32], context: &[u64]) -> u64 {
+        use std::hash::BuildHasher;
+        rustc_hash::FxBuildHasher.hash_one((form, context))
+    }
+
+    fn key(&self, &(chunk, offset, form, context): &(u32, u32, u32, u32)) -> (&[u64], &[u64]) {
+        let start = offset as usize;
+        let words = &self.chunks[chunk as usize][start..start + (form + context) as usize];
+        words.split_at(form as usize)
+    }
+
+    fn equal(&self, entry: &(u32, u32, u32, u32), form: &[u32], context: &[u64]) -> bool {
+        let (f, c) = self.key(entry);
+        c == context
+            && f.len() == form.len()
+            && f.iter().zip(form).all(|(a, b)| *a == u64::from(*b))
+    }
+
+    fn contains(&self, form: &[u32], context: &[u64]) -> bool {
+        self.table
+            .find(Self::hash(form, context), |e| self.equal(e, form, context))
+            .is_some()
+    }
+
+    /// Inserts a key not in the set.
+    fn insert(&mut self, form: &[u32], context: &[u64]) {
+        let words = form.len() + context.len();
+        let room = |c: &Vec<u64>| c.capacity() - c.len() >= words;
+        if !self.chunks.last().is_some_and(room) {
+            self.chunks.push(Vec::with_capacity(Self::CHUNK.max(words)));
+        }
+        let chunk = self.chunks.len() - 1;
+        let arena = &mut self.chunks[chunk];
+        let offset = arena.len();
+        arena.extend(form.iter().map(|w| u64::from(*w)));
+        arena.extend_from_slice(context);
+        let entry = (
+            chunk as u32,
+            offset as u32,
+            form.len() as u32,
+            context.len() as u32,
+        );
+        let SeenSet { table, chunks } = self;
+        table.insert_unique(Self::hash(form, context), entry, |e| {
+            let start = e.1 as usize;
+            let words = &chunks[e.0 as usize][start..start + (e.2 + e.3) as usize];
+            let (f, c) = words.split_at(e.2 as usize);
+            // The hash of the key as inserted: its form words are u32s.
+            let f: Vec<u32> = f.iter().map(|w| *w as u32).collect();
+            Self::hash(&f, c)
+        });
+    }
 }
 
 /// Scratch space for the kernels of `hole_context`.
@@ -2620,7 +2691,8 @@ impl Extractor {
             ..Default::default()
         };
         let mut class_interner = Interner::default();
-        let mut seen: FxHashSet<(Vec<u32>, Vec<u64>)> = FxHashSet::default();
+        let mut seen = SeenSet::default();
+        let mut context: Vec<u64> = Vec::new();
         let mut distinct: FxHashSet<Vec<u32>> = FxHashSet::default();
         // Trail: (parent, class, e-node); entry 0 is the empty program.
         let mut trail: Vec<(u32, u32, u32)> = vec![(NONE, NONE, NONE)];
@@ -2803,20 +2875,19 @@ impl Extractor {
             // ≈ₚ one taken.
             load_memo.next_program(classes);
             let kv = load_memo.view(x, &s, visited);
-            let key = (self.compaction == Compaction::Early && !holes.is_empty()).then(|| {
-                (
-                    form.clone(),
-                    hole_context(
-                        &kv,
-                        &sorted_picks,
-                        &hole_reach,
-                        memo,
-                        self.hole_context,
-                        &mut region_scratch,
-                    ),
-                )
-            });
-            if key.as_ref().is_some_and(|k| seen.contains(k)) {
+            let key = self.compaction == Compaction::Early && !holes.is_empty();
+            if key {
+                hole_context(
+                    &kv,
+                    &sorted_picks,
+                    &hole_reach,
+                    memo,
+                    self.hole_context,
+                    &mut region_scratch,
+                    &mut context,
+                );
+            }
+            if key && seen.contains(&form, &context) {
                 equivalent += 1;
                 continue; // ≈ₚ a program already taken
             }
@@ -2827,9 +2898,12 @@ impl Extractor {
                 }
             }
             // The hole context built the kernel graph already.
-            let no_order = |launch_scratch: &mut LaunchScratch| match key {
-                Some(_) => region_scratch.self_read || kernel_cycle(&region_scratch.launch.edges),
-                None => launch_order_impossible(&kv, &picks, launch_scratch),
+            let no_order = |launch_scratch: &mut LaunchScratch| {
+                if key {
+                    region_scratch.self_read || kernel_cycle(&region_scratch.launch.edges)
+                } else {
+                    launch_order_impossible(&kv, &picks, launch_scratch)
+                }
             };
             if self.prune_no_launch_order && !holes.is_empty() && no_order(&mut launch_scratch) {
                 no_launch_order += 1;
@@ -2845,8 +2919,8 @@ impl Extractor {
                 // A complete program is pruned only when a ≈ one was output: one refused by
                 // the checks below (launch order, kernels, lowering), which ≈ programs need
                 // not share, must not take its class with it.
-                if let Some(key) = key {
-                    seen.insert(key);
+                if key {
+                    seen.insert(&form, &context);
                 } else if distinct.contains(&class_form) {
                     equivalent += 1;
                     continue; // ≈ a program already output
