@@ -44,12 +44,27 @@ const ROW_SCALE_MATMUL: &str = "func row_scale_matmul where M = 8, K = 32, N = 1
 }
 ";
 
-/// The example's e-graph after `iterations` iterations of saturation (`row_scale_matmul`: the
-/// program above).
+/// The core of attention: a softmax over rows, then a matmul. Saturated, it has the fused
+/// rolling folds of FlashAttention with their generated reducers, and candidates `lower`
+/// refuses (a user reducer over a tile dimension), whose classes stay open to other
+/// representatives.
+const SOFTMAX_MATMUL: &str = "func softmax_matmul where Q = 16, K = 64, D = 16 {
+  s: tensor<QxK, f32> = input
+  v: tensor<KxD, f32> = input
+  maximum = reduce s axis=K reducer=@max keep_dims
+  weights = exp(subtract(s, maximum))
+  normalizer = reduce weights axis=K reducer=@add keep_dims
+  return matmul(divide(weights, normalizer), v) acc=f32
+}
+";
+
+/// The example's e-graph after `iterations` iterations of saturation (`row_scale_matmul` and
+/// `softmax_matmul`: the programs above).
 fn saturated_example(name: &str, iterations: usize) -> TypedEGraph {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let text = match name {
         "row_scale_matmul" => ROW_SCALE_MATMUL.to_string(),
+        "softmax_matmul" => SOFTMAX_MATMUL.to_string(),
         _ => std::fs::read_to_string(root.join(format!("examples/{name}.ef"))).unwrap(),
     };
     let mut g = egraph_of(&text);
@@ -117,13 +132,15 @@ fn early_compaction_keeps_one_representative_of_every_class() {
     // (example, saturation iteration limit, also compare `none`): the small ones saturate; nGPT
     // cut at four iterations is a medium-size e-graph (63 classes, 99 lowerable ≈-classes)
     // that full enumeration still finishes, and so is the row-scaled matmul at three (4,800
-    // complete candidates, where a pointwise tail moves across a store).
+    // complete candidates, where a pointwise tail moves across a store) and attention M0 at
+    // two (1,271 classes).
     for (name, iterations, with_none) in [
         ("rowsum", 30, true),
         ("rowsum_tiled", 30, true),
         ("matmul_exp", 30, true),
         ("row_scale_matmul", 3, false),
         ("ngpt", 4, false),
+        ("attention_m0", 2, false),
     ] {
         let g = saturated_example(name, iterations);
         let x = ExtractGraph::new(&g).expect("extractable");
@@ -138,12 +155,18 @@ fn early_compaction_keeps_one_representative_of_every_class() {
 }
 
 /// Early compaction against full enumeration on the saturated workloads of
-/// `../shared/design/workloads.md` whose full enumeration finishes in seconds: the kernel
-/// regions, stored values and fused reductions of real programs, which the small e-graphs
-/// above do not have.
+/// `../shared/design/workloads.md` whose full enumeration finishes in seconds, and on the
+/// saturated softmax–matmul core of attention: the kernel regions, stored values, fused
+/// reductions and rolling folds of real programs, which the small e-graphs above do not have.
 #[test]
 fn early_compaction_keeps_every_class_of_saturated_workloads() {
-    for name in ["gated_mlp", "ngpt", "lora", "rmsnorm_gemm"] {
+    for name in [
+        "gated_mlp",
+        "ngpt",
+        "lora",
+        "rmsnorm_gemm",
+        "softmax_matmul",
+    ] {
         let g = saturated_example(name, 30);
         let x = ExtractGraph::new(&g).expect("extractable");
         let (found, [early, after]) = early_matches_full_enumeration(name, &g, &x);
