@@ -54,6 +54,12 @@ pub fn extract_info() -> PassInfo {
             help: "stop after outputting this many candidates per e-graph",
         },
         OptionInfo {
+            name: "max-memory",
+            kind: OptionKind::Int,
+            default: "8192",
+            help: "stop once the process's resident memory reaches this many MiB (0: no limit; read where the system reports it, as on Linux)",
+        },
+        OptionInfo {
             name: "max-kernels",
             kind: OptionKind::Int,
             default: "0",
@@ -91,6 +97,11 @@ pub fn extract_info() -> PassInfo {
                     .unwrap_or(HoleContext::Forms),
                 max_candidates: opts.get(info, "max-candidates").parse().unwrap_or(1000),
                 time_limit: opts.get(info, "time-limit").parse().unwrap_or(60.0),
+                max_memory: opts
+                    .get(info, "max-memory")
+                    .parse()
+                    .ok()
+                    .filter(|n: &usize| *n > 0),
                 max_kernels: opts
                     .get(info, "max-kernels")
                     .parse()
@@ -108,6 +119,7 @@ struct ExtractPass {
     hole_context: HoleContext,
     max_candidates: usize,
     time_limit: f64,
+    max_memory: Option<usize>,
     max_kernels: Option<usize>,
     no_pointwise_kernels: bool,
 }
@@ -126,6 +138,7 @@ impl Pass for ExtractPass {
             .with_hole_context(self.hole_context)
             .with_max_candidates(self.max_candidates)
             .with_time_limit(super::seconds(self.time_limit))
+            .with_memory_limit(self.max_memory)
             .with_max_kernels(self.max_kernels)
             .with_no_pointwise_kernels(self.no_pointwise_kernels);
         let mut funcs = Vec::new();
