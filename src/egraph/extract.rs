@@ -750,50 +750,84 @@ struct Interner {
 /// hashing its key again.
 #[derive(Default)]
 struct StepMemo {
-    /// `(start, len, id)`: the step `arena[start..start + len]` has canonical id `id`.
-    table: hashbrown::HashTable<(u32, u32, u32)>,
-    arena: Vec<u32>,
+    /// Each step with its canonical id.
+    steps: SliceTable,
     /// Per class (a step's first u32), the entry it was last looked up or recorded under:
     /// consecutive partial programs share most steps, and comparing with the last one is
     /// cheaper than hashing.
-    last: Vec<(u32, u32, u32)>,
+    last: Vec<Option<SliceEntry>>,
 }
 
 impl StepMemo {
-    fn hash(step: &[u32]) -> u64 {
-        use std::hash::BuildHasher;
-        rustc_hash::FxBuildHasher.hash_one(step)
-    }
-
     fn get(&mut self, step: &[u32]) -> Option<u32> {
-        let StepMemo { table, arena, last } = self;
-        let slice =
-            |&(start, len, _): &(u32, u32, u32)| &arena[start as usize..(start + len) as usize];
         let c = step[0] as usize;
-        if let Some(entry) = last.get(c).filter(|e| e.1 != 0 && slice(e) == step) {
-            return Some(entry.2);
+        let last = self.last.get(c).copied().flatten();
+        if let Some(entry) = last.filter(|e| self.steps.slice(e) == step) {
+            return Some(entry.value);
         }
-        let entry = *table.find(Self::hash(step), |e| slice(e) == step)?;
-        if c >= last.len() {
-            last.resize(c + 1, (0, 0, 0));
-        }
-        last[c] = entry;
-        Some(entry.2)
+        let entry = self.steps.find(step)?;
+        self.remember(c, entry);
+        Some(entry.value)
     }
 
     fn insert(&mut self, step: &[u32], id: u32) {
-        let StepMemo { table, arena, last } = self;
-        let start = arena.len() as u32;
-        arena.extend_from_slice(step);
-        let entry = (start, step.len() as u32, id);
-        table.insert_unique(Self::hash(step), entry, |&(s, l, _)| {
-            Self::hash(&arena[s as usize..(s + l) as usize])
-        });
-        let c = step[0] as usize;
-        if c >= last.len() {
-            last.resize(c + 1, (0, 0, 0));
+        let entry = self.steps.insert(step, id);
+        self.remember(step[0] as usize, entry);
+    }
+
+    fn remember(&mut self, c: usize, entry: SliceEntry) {
+        if c >= self.last.len() {
+            self.last.resize(c + 1, None);
         }
-        last[c] = entry;
+        self.last[c] = Some(entry);
+    }
+}
+
+/// Slices of u32s stored end to end in one arena, each with a u32 value, found by hash: the
+/// walk's steps (`StepMemo`) and early compaction's seen-set, which hold millions of short
+/// keys that would otherwise be a heap block each.
+#[derive(Default)]
+struct SliceTable {
+    table: hashbrown::HashTable<SliceEntry>,
+    arena: Vec<u32>,
+}
+
+#[derive(Clone, Copy)]
+struct SliceEntry {
+    /// The slice's hash, kept so that growing the table rehashes nothing.
+    hash: u64,
+    start: usize,
+    len: u32,
+    value: u32,
+}
+
+impl SliceTable {
+    fn hash(key: &[u32]) -> u64 {
+        use std::hash::BuildHasher;
+        rustc_hash::FxBuildHasher.hash_one(key)
+    }
+
+    fn slice(&self, e: &SliceEntry) -> &[u32] {
+        &self.arena[e.start..e.start + e.len as usize]
+    }
+
+    fn find(&self, key: &[u32]) -> Option<SliceEntry> {
+        self.table
+            .find(Self::hash(key), |e| self.slice(e) == key)
+            .copied()
+    }
+
+    /// Records a key not in the table.
+    fn insert(&mut self, key: &[u32], value: u32) -> SliceEntry {
+        let entry = SliceEntry {
+            hash: Self::hash(key),
+            start: self.arena.len(),
+            len: key.len() as u32,
+            value,
+        };
+        self.arena.extend_from_slice(key);
+        self.table.insert_unique(entry.hash, entry, |e| e.hash);
+        entry
     }
 }
 
@@ -1700,43 +1734,44 @@ struct KernelView<'p> {
     x: &'p ExtractGraph<'p>,
     choice: &'p Choice,
     visited: &'p [bool],
-    /// `load` per class, for this program only (`LoadMemo::view`).
-    loads: &'p [std::cell::Cell<u64>],
-    generation: u32,
+    /// `load` per class, for this program only: the region context and the launch-order
+    /// test ask for the same chains many times over.
+    loads: &'p Memo,
 }
 
-/// `KernelView::load` results of one program: the region context and the launch-order test
-/// ask for the same chains many times over. A slot holds the generation of the program it
-/// was computed for in its upper half.
-#[derive(Default)]
-struct LoadMemo {
+/// A u32 per slot, all forgotten at once in constant time (like `Marks`): a slot counts only
+/// if it carries the current generation, in its upper half. Interior mutability lets a
+/// memoised function read and write it through a shared view of the program.
+struct Memo {
     generation: u32,
     slots: Vec<std::cell::Cell<u64>>,
 }
 
-impl LoadMemo {
-    /// Forget the last program's loads.
-    fn next_program(&mut self, classes: usize) {
+impl Memo {
+    fn new(len: usize) -> Memo {
+        Memo {
+            generation: 1,
+            slots: vec![std::cell::Cell::new(0); len],
+        }
+    }
+
+    /// Forgets every slot.
+    fn clear(&mut self) {
         self.generation = self.generation.wrapping_add(1);
-        if self.generation == 0 || self.slots.len() != classes {
-            self.slots = vec![std::cell::Cell::new(0); classes];
+        if self.generation == 0 {
+            // The generations wrapped around: slots from long ago would count again.
+            self.slots.iter().for_each(|s| s.set(0));
             self.generation = 1;
         }
     }
 
-    fn view<'p>(
-        &'p self,
-        x: &'p ExtractGraph<'p>,
-        choice: &'p Choice,
-        visited: &'p [bool],
-    ) -> KernelView<'p> {
-        KernelView {
-            x,
-            choice,
-            visited,
-            loads: &self.slots,
-            generation: self.generation,
-        }
+    fn get(&self, i: usize) -> Option<u32> {
+        let s = self.slots[i].get();
+        ((s >> 32) as u32 == self.generation).then_some(s as u32)
+    }
+
+    fn set(&self, i: usize, value: u32) {
+        self.slots[i].set(u64::from(self.generation) << 32 | u64::from(value));
     }
 }
 
@@ -1762,9 +1797,7 @@ impl KernelView<'_> {
 
     /// A picked view chain down to a tensor-level value is a load of that value.
     fn load(&self, c: u32) -> Load {
-        let slot = &self.loads[c as usize];
-        let (generation, code) = ((slot.get() >> 32) as u32, slot.get() as u32);
-        if generation == self.generation {
+        if let Some(code) = self.loads.get(c as usize) {
             return match code {
                 0 => Load::No,
                 1 => Load::Unknown,
@@ -1777,7 +1810,7 @@ impl KernelView<'_> {
             Load::Unknown => 1,
             Load::From(o) => o + 2,
         };
-        slot.set(u64::from(self.generation) << 32 | u64::from(code));
+        self.loads.set(c as usize, code);
         load
     }
 
@@ -2050,25 +2083,23 @@ fn computed_once(
     };
     // What class `k` can be read from through views (`replicated`: the view above it is a
     // replicate), memoised per (class, replicated) in `memo[2k + replicated]`: a `Source`
-    // encoded by `Source::code`, valid only if it carries this call's generation.
+    // encoded by `Source::code`.
     struct Program<'p> {
         x: &'p ExtractGraph<'p>,
         choice: &'p Choice,
         picked: &'p dyn Fn(usize) -> bool,
         open: &'p dyn Fn(usize) -> bool,
-        generation: u32,
     }
-    fn source(p: &Program, k: u32, replicated: bool, memo: &mut [u64]) -> Source {
+    fn source(p: &Program, k: u32, replicated: bool, memo: &Memo) -> Source {
         let Program {
             x,
             choice,
             picked,
             open,
-            generation,
         } = *p;
         let slot = 2 * k as usize + usize::from(replicated);
-        if (memo[slot] >> 32) as u32 == generation {
-            return Source::decode(memo[slot] as u32);
+        if let Some(code) = memo.get(slot) {
+            return Source::decode(code);
         }
         let ku = k as usize;
         let r = if picked(ku) {
@@ -2097,7 +2128,7 @@ fn computed_once(
             // computed value counts, so one still undecided before it leaves this undecided
             // too. Until the alternatives are judged, a view cycle back here reads as
             // undecided.
-            memo[slot] = (u64::from(generation) << 32) | u64::from(Source::Open.code());
+            memo.set(slot, Source::Open.code());
             x.nodes[ku]
                 .iter()
                 .filter(|(n, _)| is_view(&n.op))
@@ -2105,7 +2136,7 @@ fn computed_once(
                 .find(|s| *s != Source::Nothing)
                 .unwrap_or(Source::Nothing)
         };
-        memo[slot] = (u64::from(generation) << 32) | u64::from(r.code());
+        memo.set(slot, r.code());
         r
     }
     let program = Program {
@@ -2113,8 +2144,8 @@ fn computed_once(
         choice,
         picked: &picked,
         open: &open,
-        generation: scratch.next_generation(),
     };
+    scratch.next_call();
     let OnceScratch {
         memo,
         chain_use,
@@ -2158,7 +2189,7 @@ fn computed_once(
             continue;
         }
         let (node, kids) = &x.nodes[c][n as usize];
-        let views_of = |n: &ENode, kids: &[u32], memo: &mut [u64]| {
+        let views_of = |n: &ENode, kids: &[u32], memo: &Memo| {
             source(&program, kids[0], matches!(n.op, Op::Replicate(_)), memo)
         };
         if is_view(&node.op) && views_of(node, kids, memo) != Source::Nothing {
@@ -2212,9 +2243,8 @@ impl Source {
 /// size of the e-graph: `memo` entries count only with the current call's generation, and
 /// the use sets are `Marks`.
 struct OnceScratch {
-    /// Per (class, replicated): generation in the high half, `Source::code` in the low.
-    memo: Vec<u64>,
-    generation: u32,
+    /// Per (class, replicated): `Source::code`.
+    memo: Memo,
     chain_use: Marks,
     other_use: Marks,
     /// For `reaches`.
@@ -2224,25 +2254,18 @@ struct OnceScratch {
 impl OnceScratch {
     fn new(classes: usize) -> OnceScratch {
         OnceScratch {
-            memo: vec![0; 2 * classes],
-            generation: 0,
+            memo: Memo::new(2 * classes),
             chain_use: Marks::new(classes),
             other_use: Marks::new(classes),
             seen: Marks::new(classes),
         }
     }
 
-    /// Starts a call: a fresh memo generation and empty use sets.
-    fn next_generation(&mut self) -> u32 {
-        self.generation = self.generation.wrapping_add(1);
-        if self.generation == 0 {
-            // The generations wrapped around: forget every entry.
-            self.memo.iter_mut().for_each(|m| *m = 0);
-            self.generation = 1;
-        }
+    /// Starts a call: an empty memo and empty use sets.
+    fn next_call(&mut self) {
+        self.memo.clear();
         self.chain_use.clear();
         self.other_use.clear();
-        self.generation
     }
 }
 
@@ -2387,74 +2410,6 @@ fn hole_context(
         }
     }
     context[start..].sort_unstable();
-}
-
-/// Early compaction's seen-set: partial programs as their canonical form and hole context,
-/// stored end to end in chunks of one arena. Millions of keys of a few hundred words each
-/// were two heap blocks apiece (with the slack of a growing vector) in a set of tuples; a
-/// chunk never moves, so the arena grows without copying what it holds.
-#[derive(Default)]
-struct SeenSet {
-    /// (chunk, offset, form length, context length) per key.
-    table: hashbrown::HashTable<(u32, u32, u32, u32)>,
-    chunks: Vec<Vec<u64>>,
-}
-
-impl SeenSet {
-    const CHUNK: usize = 1 << 20;
-
-    fn hash(form: &[u32], context: &[u64]) -> u64 {
-        use std::hash::BuildHasher;
-        rustc_hash::FxBuildHasher.hash_one((form, context))
-    }
-
-    fn key(&self, &(chunk, offset, form, context): &(u32, u32, u32, u32)) -> (&[u64], &[u64]) {
-        let start = offset as usize;
-        let words = &self.chunks[chunk as usize][start..start + (form + context) as usize];
-        words.split_at(form as usize)
-    }
-
-    fn equal(&self, entry: &(u32, u32, u32, u32), form: &[u32], context: &[u64]) -> bool {
-        let (f, c) = self.key(entry);
-        c == context
-            && f.len() == form.len()
-            && f.iter().zip(form).all(|(a, b)| *a == u64::from(*b))
-    }
-
-    fn contains(&self, form: &[u32], context: &[u64]) -> bool {
-        self.table
-            .find(Self::hash(form, context), |e| self.equal(e, form, context))
-            .is_some()
-    }
-
-    /// Inserts a key not in the set.
-    fn insert(&mut self, form: &[u32], context: &[u64]) {
-        let words = form.len() + context.len();
-        let room = |c: &Vec<u64>| c.capacity() - c.len() >= words;
-        if !self.chunks.last().is_some_and(room) {
-            self.chunks.push(Vec::with_capacity(Self::CHUNK.max(words)));
-        }
-        let chunk = self.chunks.len() - 1;
-        let arena = &mut self.chunks[chunk];
-        let offset = arena.len();
-        arena.extend(form.iter().map(|w| u64::from(*w)));
-        arena.extend_from_slice(context);
-        let entry = (
-            chunk as u32,
-            offset as u32,
-            form.len() as u32,
-            context.len() as u32,
-        );
-        let SeenSet { table, chunks } = self;
-        table.insert_unique(Self::hash(form, context), entry, |e| {
-            let start = e.1 as usize;
-            let words = &chunks[e.0 as usize][start..start + (e.2 + e.3) as usize];
-            let (f, c) = words.split_at(e.2 as usize);
-            // The hash of the key as inserted: its form words are u32s.
-            let f: Vec<u32> = f.iter().map(|w| *w as u32).collect();
-            Self::hash(&f, c)
-        });
-    }
 }
 
 /// Scratch space for the kernels of `hole_context`.
@@ -2704,8 +2659,9 @@ impl Extractor {
             ..Default::default()
         };
         let mut class_interner = Interner::default();
-        let mut seen = SeenSet::default();
-        let mut context: Vec<u64> = Vec::new();
+        // Early compaction's seen-set: a partial program's form and hole context as u32s.
+        let mut seen = SliceTable::default();
+        let (mut context, mut seen_key): (Vec<u64>, Vec<u32>) = (Vec::new(), Vec::new());
         let mut distinct: FxHashSet<Vec<u32>> = FxHashSet::default();
         // Trail: (parent, class, e-node); entry 0 is the empty program.
         let mut trail: Vec<(u32, u32, u32)> = vec![(NONE, NONE, NONE)];
@@ -2725,7 +2681,7 @@ impl Extractor {
         let (mut expanded, mut complete, mut rejected) = (0usize, 0usize, 0usize);
         let mut no_launch_order = 0usize;
         let mut launch_scratch = LaunchScratch::default();
-        let mut load_memo = LoadMemo::default();
+        let mut load_memo = Memo::new(classes);
         // The classes the program being looked at has picked.
         let mut picks: Vec<u32> = Vec::new();
         let mut sorted_picks: Vec<u32> = Vec::new();
@@ -2819,15 +2775,16 @@ impl Extractor {
                     // Components of picked fused reductions still unread.
                     pending.clear();
                     for &t in met.iter() {
-                        let Some(readers) = x.components[t as usize].as_ref() else {
-                            continue;
-                        };
-                        for (i, get) in readers.gets.iter().enumerate() {
-                            if let Some((b, _)) = get {
-                                if s[*b as usize] == NONE && component_needs_reader(x, &s, t, i) {
-                                    pending.push(*b);
-                                }
-                            }
+                        if let Some((readers, first)) = readers_needed(x, &s, t) {
+                            pending.extend(
+                                readers
+                                    .gets
+                                    .iter()
+                                    .skip(first)
+                                    .flatten()
+                                    .map(|(b, _)| *b)
+                                    .filter(|b| s[*b as usize] == NONE),
+                            );
                         }
                     }
                     let reaches_pending = |h: u32| {
@@ -2893,8 +2850,13 @@ impl Extractor {
             // or is ≈ₚ one taken, in either order, so the order decides only the cost: the
             // hole context costs more than the checks, and more programs fail them than are
             // ≈ₚ one taken.
-            load_memo.next_program(classes);
-            let kv = load_memo.view(x, &s, visited);
+            load_memo.clear();
+            let kv = KernelView {
+                x,
+                choice: &s,
+                visited,
+                loads: &load_memo,
+            };
             let key = self.compaction == Compaction::Early && !holes.is_empty();
             if key {
                 hole_context(
@@ -2907,7 +2869,14 @@ impl Extractor {
                     &mut context,
                 );
             }
-            if key && seen.contains(&form, &context) {
+            if key {
+                // The form's length first, so that no two keys run together.
+                seen_key.clear();
+                seen_key.push(form.len() as u32);
+                seen_key.extend_from_slice(&form);
+                seen_key.extend(context.iter().flat_map(|w| [*w as u32, (*w >> 32) as u32]));
+            }
+            if key && seen.find(&seen_key).is_some() {
                 equivalent += 1;
                 continue; // ≈ₚ a program already taken
             }
@@ -2940,7 +2909,7 @@ impl Extractor {
                 // the checks below (launch order, kernels, lowering), which ≈ programs need
                 // not share, must not take its class with it.
                 if key {
-                    seen.insert(&form, &context);
+                    seen.insert(&seen_key, 0);
                 } else if distinct.contains(&class_form) {
                     equivalent += 1;
                     continue; // ≈ a program already output
@@ -3047,16 +3016,14 @@ impl Extractor {
                         .prune_dead_components
                         .then(|| required_get(x, &s, k))
                         .flatten();
-                    let only = match options[k as usize].as_slice() {
-                        _ if required.is_some() => match required {
-                            Some(Ok(j)) if options[k as usize].contains(&j) => j,
-                            _ => {
-                                dead = true;
-                                break;
-                            }
-                        },
-                        &[only] => only,
-                        many => {
+                    let only = match (required, options[k as usize].as_slice()) {
+                        (Some(Ok(j)), ks) if ks.contains(&j) => j,
+                        (Some(_), _) => {
+                            dead = true;
+                            break;
+                        }
+                        (None, &[only]) => only,
+                        (None, many) => {
                             // Forced too: a class all of whose e-nodes but one would close a
                             // cycle or partition a computed tile (or put a partition above
                             // one), failures no later pick undoes; with none left, no
@@ -3398,7 +3365,7 @@ mod tests {
             open_reach(&x, s, &fresh.holes, &mut hole_reach, &mut Vec::new());
             if i == 150 {
                 // Across a wrap of the generation counter too.
-                reused_scratch.generation = u32::MAX;
+                reused_scratch.memo.generation = u32::MAX;
             }
             let once = computed_once(
                 &x,
