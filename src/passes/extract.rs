@@ -57,7 +57,7 @@ pub fn extract_info() -> PassInfo {
             name: "max-memory",
             kind: OptionKind::Int,
             default: "8192",
-            help: "stop once the process's resident memory reaches this many MiB (0: no limit; read where the system reports it, as on Linux)",
+            help: "stop once the process's resident memory reaches this many MiB (0: no limit; read where the system reports it, as on Linux); unset, 8192 or three quarters of the machine's memory, whichever is less",
         },
         OptionInfo {
             name: "max-kernels",
@@ -97,11 +97,10 @@ pub fn extract_info() -> PassInfo {
                     .unwrap_or(HoleContext::Forms),
                 max_candidates: opts.get(info, "max-candidates").parse().unwrap_or(1000),
                 time_limit: opts.get(info, "time-limit").parse().unwrap_or(60.0),
-                max_memory: opts
-                    .get(info, "max-memory")
-                    .parse()
-                    .ok()
-                    .filter(|n: &usize| *n > 0),
+                max_memory: match opts.values.get("max-memory") {
+                    Some(mib) => mib.parse().ok().filter(|n: &usize| *n > 0),
+                    None => Some(default_memory_limit(machine_mib())),
+                },
                 max_kernels: opts
                     .get(info, "max-kernels")
                     .parse()
@@ -266,5 +265,41 @@ impl Pass for ExtractPass {
         module.egraphs.clear();
         module.funcs = funcs;
         Ok(())
+    }
+}
+
+/// The `max-memory` an unset option means: 8192 MiB, or three quarters of the machine's
+/// memory (`total_mib`, where the system reports it) when that is less, so that on a small
+/// machine the search stops gracefully before the system runs out.
+pub fn default_memory_limit(total_mib: Option<usize>) -> usize {
+    const CAP_MIB: usize = 8192;
+    total_mib.map_or(CAP_MIB, |total| CAP_MIB.min(total / 4 * 3).max(1))
+}
+
+/// The machine's memory in MiB (`MemTotal` of `/proc/meminfo`), where the system reports it.
+fn machine_mib() -> Option<usize> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_memory_limit_follows_a_small_machine_and_is_capped_on_a_large_one() {
+        assert_eq!(default_memory_limit(None), 8192);
+        assert_eq!(default_memory_limit(Some(24 * 1024)), 8192);
+        assert_eq!(default_memory_limit(Some(4096)), 3072);
+        assert_eq!(default_memory_limit(Some(0)), 1);
+    }
+
+    #[test]
+    fn this_machine_reports_its_memory_where_it_is_linux() {
+        if cfg!(target_os = "linux") {
+            assert!(machine_mib().is_some_and(|m| m > 0));
+        }
     }
 }
