@@ -42,12 +42,15 @@
 //! rejected: 6,563 classes in walk order against
 //! 6,627 fewest-first). Complete programs are grouped by ≈.
 //!
-//! The search runs on one thread. Evaluating the next partial programs in worklist order on
-//! the thread pool while taking them in order (output unchanged) was measured slower on the
-//! 2-core development machine: the worklist is narrow (about 2.3 programs to evaluate per
-//! step on rmsnorm_gemm), so each step paid a pool wake-up for little work, and the shared
-//! interner that ids across threads need cost 12% single-threaded (rmsnorm_gemm: 14.3 s with
-//! two threads against 10.0 s serial).
+//! The search runs on one thread; the backend's lowering check of complete programs runs on a
+//! second (`LoweringQueue`), which decides and counts exactly as checking each program in turn
+//! would (MHA decode: a third of the search's time was lowering; 22,139–22,392 → 29,482–29,534
+//! candidates in 10 s, RMSNorm–MLP exhaustive 3.30–3.35 → 2.90–2.91 s). Evaluating the next
+//! partial programs in worklist order on the thread pool while taking them in order (output
+//! unchanged) was measured slower on the 2-core development machine: the worklist is narrow
+//! (about 2.3 programs to evaluate per step on rmsnorm_gemm), so each step paid a pool wake-up
+//! for little work, and the shared interner that ids across threads need cost 12%
+//! single-threaded (rmsnorm_gemm: 14.3 s with two threads against 10.0 s serial).
 
 use super::graph::TypedEGraph;
 use super::lang::{ENode, Op};
@@ -2521,6 +2524,9 @@ pub struct Extractor {
     /// Refuse programs with a pointwise kernel (`has_pointwise_kernel`); off by default, since
     /// they are distinct implementations.
     pub no_pointwise_kernels: bool,
+    /// Run `lowerable` on another thread while the search goes on (`LoweringQueue`); on by
+    /// default, off only to show, in tests, that it changes neither candidates nor counts.
+    pub background_lowering: bool,
 }
 
 /// Where a long extraction stands: what a progress line shows.
@@ -2557,6 +2563,7 @@ impl Default for Extractor {
             settle_unreached: true,
             progress: None,
             no_pointwise_kernels: false,
+            background_lowering: true,
         }
     }
 }
@@ -2596,6 +2603,11 @@ impl Extractor {
     /// and stores a value another kernel reads; partial programs that have one are pruned.
     pub fn with_no_pointwise_kernels(mut self, on: bool) -> Self {
         self.no_pointwise_kernels = on;
+        self
+    }
+
+    pub fn with_background_lowering(mut self, on: bool) -> Self {
+        self.background_lowering = on;
         self
     }
 
@@ -2662,7 +2674,17 @@ impl Extractor {
         // Early compaction's seen-set: a partial program's form and hole context as u32s.
         let mut seen = SliceTable::default();
         let (mut context, mut seen_key): (Vec<u64>, Vec<u32>) = (Vec::new(), Vec::new());
-        let mut distinct: FxHashSet<Vec<u32>> = FxHashSet::default();
+        // What complete programs came to: classes output, candidates, refusals.
+        let mut out = Outcomes::default();
+        // With a backend check, complete programs are lowered on another thread (not in
+        // `None` mode, which outputs every program and so needs each verdict at once).
+        let mut queue = match &self.lowerable {
+            Some(check) if self.background_lowering && self.compaction != Compaction::None => {
+                let early = self.compaction == Compaction::Early;
+                Some(LoweringQueue::new(check.clone(), early))
+            }
+            _ => None,
+        };
         // Trail: (parent, class, e-node); entry 0 is the empty program.
         let mut trail: Vec<(u32, u32, u32)> = vec![(NONE, NONE, NONE)];
         let mut roots: Vec<u32> = x.roots.clone();
@@ -2678,7 +2700,7 @@ impl Extractor {
         let (mut facts, mut class_facts) = (WalkFacts::default(), WalkFacts::default());
         let mut scratch = Marks::new(classes);
         let mut once_scratch = OnceScratch::new(classes);
-        let (mut expanded, mut complete, mut rejected) = (0usize, 0usize, 0usize);
+        let (mut expanded, mut rejected) = (0usize, 0usize);
         let mut no_launch_order = 0usize;
         let mut launch_scratch = LaunchScratch::default();
         let mut load_memo = Memo::new(classes);
@@ -2690,7 +2712,6 @@ impl Extractor {
         let mut region_scratch = RegionScratch::default();
         let all_reached: Vec<u64> = vec![u64::MAX; classes.div_ceil(64)];
         let (mut open, mut open_stack): (Vec<u64>, Vec<u32>) = (Vec::new(), Vec::new());
-        let mut candidates = Vec::new();
         let mut stop = ExtractStop::Exhausted;
         let mut taken = 0usize;
         let mut over_kernels = 0usize;
@@ -2698,8 +2719,6 @@ impl Extractor {
         let mut pointwise_kernels = 0usize;
         let mut dead_components = 0usize;
         let mut equivalent = 0usize;
-        let mut not_lowerable = 0usize;
-        let mut first_refusal: Option<String> = None;
         let mut forced = 0usize;
         let (mut reached, mut forced_picks): (Vec<u32>, Vec<u32>) = (Vec::new(), Vec::new());
         // Progress reports start after one second, then every quarter second.
@@ -2719,6 +2738,9 @@ impl Extractor {
                 &all_nodes
             };
         while let Some((_, _, at)) = worklist.pop() {
+            if let Some(q) = queue.as_mut() {
+                q.poll(&mut out);
+            }
             taken += 1;
             if taken == 1 || taken % 256 == 0 {
                 let elapsed = start.elapsed();
@@ -2737,8 +2759,8 @@ impl Extractor {
                     next_report = elapsed + Duration::from_millis(250);
                     report(&ExtractProgress {
                         expanded,
-                        complete,
-                        distinct: distinct.len(),
+                        complete: out.complete,
+                        distinct: out.distinct.len(),
                         worklist: worklist.len(),
                         seconds: elapsed.as_secs_f64(),
                     });
@@ -2908,58 +2930,91 @@ impl Extractor {
                 // A complete program is pruned only when a ≈ one was output: one refused by
                 // the checks below (launch order, kernels, lowering), which ≈ programs need
                 // not share, must not take its class with it.
+                // (A class whose program waits for its verdict is decided with that verdict:
+                // `LoweringQueue`.)
                 if key {
                     seen.insert(&seen_key, 0);
-                } else if distinct.contains(&class_form) {
+                } else if out.distinct.contains(&class_form) {
                     equivalent += 1;
                     continue; // ≈ a program already output
                 }
             }
             let Some(h) = hole else {
-                // The partial test is exact enough to refuse most such programs before they
-                // are rebuilt as functions; `summarize` below decides the rest.
-                if self.prune_no_launch_order
-                    && launch_order_impossible(&kv, &picks, &mut launch_scratch)
-                {
-                    no_launch_order += 1;
-                    continue;
-                }
-                let mut program = reconstruct(x, &s, "");
-                if !no_dead_components(&program, &x.g.egraph.analysis.env) {
-                    dead_components += 1;
-                    continue;
-                }
-                let summary = summarize(&mut program);
-                if !summary.launch_order {
-                    rejected += 1;
-                    continue;
-                }
-                if self.max_kernels.is_some_and(|max| summary.kernels > max) {
-                    over_kernels += 1;
-                    continue;
-                }
+                // The checks a complete program must pass besides lowering, in turn.
+                let checked = (|| {
+                    // The partial test is exact enough to refuse most such programs before
+                    // they are rebuilt as functions; `summarize` below decides the rest.
+                    if self.prune_no_launch_order
+                        && launch_order_impossible(&kv, &picks, &mut launch_scratch)
+                    {
+                        return Err(Refusal::NoLaunchOrder);
+                    }
+                    let mut program = reconstruct(x, &s, "");
+                    if !no_dead_components(&program, &x.g.egraph.analysis.env) {
+                        return Err(Refusal::DeadComponent);
+                    }
+                    let summary = summarize(&mut program);
+                    if !summary.launch_order {
+                        return Err(Refusal::NoLaunchOrderFound);
+                    }
+                    if self.max_kernels.is_some_and(|max| summary.kernels > max) {
+                        return Err(Refusal::OverKernels);
+                    }
+                    Ok(program)
+                })();
+                let program = match (checked, queue.as_mut()) {
+                    // Early compaction would have pruned it as ≈ an output program if the
+                    // program of its class that waits is output: that verdict decides.
+                    (Err(refusal), Some(q))
+                        if self.compaction == Compaction::Early && q.waits_for(&class_form) =>
+                    {
+                        q.submit(None, class_form, Choice::new(), cost, Some(refusal));
+                        continue;
+                    }
+                    (Err(refusal), _) => {
+                        *match refusal {
+                            Refusal::NoLaunchOrder => &mut no_launch_order,
+                            Refusal::DeadComponent => &mut dead_components,
+                            Refusal::NoLaunchOrderFound => &mut rejected,
+                            Refusal::OverKernels => &mut over_kernels,
+                        } += 1;
+                        continue;
+                    }
+                    (Ok(program), _) => program,
+                };
                 // One lowering per class: a representative of a class already output stands
                 // for it. A refused representative leaves the class open to another.
+                if let Some(q) = queue.as_mut() {
+                    if out.distinct.contains(&class_form) {
+                        out.complete += 1; // `after` only: `early` pruned it above
+                        continue;
+                    }
+                    q.submit(Some(program), class_form, s.clone(), cost, None);
+                    // Every waiting program may yet be output: once they could reach the
+                    // limit, their verdicts decide whether this program is the last.
+                    if out.candidates.len() + q.len() >= self.max_candidates {
+                        q.drain(&mut out);
+                        if out.candidates.len() >= self.max_candidates {
+                            stop = ExtractStop::CandidateLimit(self.max_candidates);
+                            break;
+                        }
+                    }
+                    q.bound(&mut out);
+                    continue;
+                }
                 if let Some(check) = &self.lowerable {
-                    if !distinct.contains(&class_form) {
+                    if !out.distinct.contains(&class_form) {
                         if let Err(reason) = check(&program) {
-                            not_lowerable += 1;
-                            first_refusal.get_or_insert(reason);
+                            out.refused(reason);
                             continue;
                         }
                     }
                 }
-                complete += 1;
-                let new = distinct.insert(class_form);
-                if new || self.compaction == Compaction::None {
-                    candidates.push(Candidate {
-                        choice: s.clone(),
-                        cost,
-                    });
-                    if candidates.len() >= self.max_candidates {
-                        stop = ExtractStop::CandidateLimit(self.max_candidates);
-                        break;
-                    }
+                if out.accept(class_form, &s, cost, self.compaction == Compaction::None)
+                    && out.candidates.len() >= self.max_candidates
+                {
+                    stop = ExtractStop::CandidateLimit(self.max_candidates);
+                    break;
                 }
                 continue;
             };
@@ -3084,6 +3139,22 @@ impl Extractor {
                 worklist.push((Reverse(child), pushed, (trail.len() - 1) as u32));
             }
         }
+        if let Some(q) = queue.as_mut() {
+            q.drain(&mut out);
+        }
+        let Outcomes {
+            distinct,
+            candidates,
+            complete,
+            not_lowerable,
+            first_refusal,
+            deferred,
+        } = out;
+        let equivalent = equivalent + deferred.equivalent;
+        let no_launch_order = no_launch_order + deferred.count(Refusal::NoLaunchOrder);
+        let dead_components = dead_components + deferred.count(Refusal::DeadComponent);
+        let rejected = rejected + deferred.count(Refusal::NoLaunchOrderFound);
+        let over_kernels = over_kernels + deferred.count(Refusal::OverKernels);
         ExtractReport {
             stop,
             expanded,
@@ -3101,6 +3172,239 @@ impl Extractor {
             distinct: distinct.len(),
             seconds: start.elapsed().as_secs_f64(),
             candidates,
+        }
+    }
+}
+
+/// What the complete programs of a run came to.
+#[derive(Default)]
+struct Outcomes {
+    /// The ≈ classes output.
+    distinct: FxHashSet<Vec<u32>>,
+    candidates: Vec<Candidate>,
+    complete: usize,
+    not_lowerable: usize,
+    first_refusal: Option<String>,
+    /// Counts decided by a verdict of the lowering queue.
+    deferred: Deferred,
+}
+
+impl Outcomes {
+    /// A complete program the backend lowers (or one of a class already output, which needs no
+    /// lowering): counted, and output when its class is new or every program is. True when it
+    /// was output.
+    fn accept(&mut self, class_form: Vec<u32>, choice: &Choice, cost: u64, every: bool) -> bool {
+        self.complete += 1;
+        let new = self.distinct.insert(class_form);
+        if new || every {
+            self.candidates.push(Candidate {
+                choice: choice.clone(),
+                cost,
+            });
+        }
+        new || every
+    }
+
+    /// A complete program the backend refuses: its class stays open to another.
+    fn refused(&mut self, reason: String) {
+        self.not_lowerable += 1;
+        self.first_refusal.get_or_insert(reason);
+    }
+}
+
+/// Why a complete program is refused before lowering.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Refusal {
+    /// `launch_order_impossible` on the complete program.
+    NoLaunchOrder,
+    /// `no_dead_components` on the rebuilt function.
+    DeadComponent,
+    /// `summarize` found no launch order.
+    NoLaunchOrderFound,
+    /// More kernels than `max_kernels`.
+    OverKernels,
+}
+
+/// Counts the lowering queue's verdicts decide: a complete program refused before lowering
+/// whose class had a program waiting counts as ≈ an output program if that one is output.
+#[derive(Default)]
+struct Deferred {
+    equivalent: usize,
+    refusals: Vec<Refusal>,
+}
+
+impl Deferred {
+    fn count(&self, r: Refusal) -> usize {
+        self.refusals.iter().filter(|x| **x == r).count()
+    }
+}
+
+/// The lowering worker's verdict on a complete program.
+enum Verdict {
+    /// Lowered: its class is output.
+    Lowered,
+    Refused(String),
+    /// Not lowered, as a program of its class was output before it (true), or as it was
+    /// refused before lowering and no program of its class was output (false).
+    ClassOutput(bool),
+}
+
+/// Complete programs waiting for the backend's verdict, which a worker thread computes while
+/// the search goes on (on MHA decode lowering is a third of the search's time). The worker
+/// takes them in submission order and keeps the classes output, so it decides, as checking
+/// each program in turn would, whether a program's class was output by an earlier one
+/// (early compaction prunes such a program; `after` counts it without lowering it). The
+/// verdicts are recorded in submission order too, so what a run outputs and counts does not
+/// depend on the worker's timing, and the candidate limit is decided by draining every
+/// verdict once the waiting programs could reach it.
+struct LoweringQueue {
+    jobs: Option<std::sync::mpsc::Sender<(Vec<u32>, Option<Function>)>>,
+    verdicts: std::sync::mpsc::Receiver<Verdict>,
+    worker: Option<std::thread::JoinHandle<()>>,
+    /// Each waiting program's class, choice, cost and refusal before lowering, in
+    /// submission order.
+    waiting: std::collections::VecDeque<(Vec<u32>, Choice, u64, Option<Refusal>)>,
+    /// How many programs of each class wait.
+    classes: FxHashMap<Vec<u32>, usize>,
+    early: bool,
+}
+
+/// Waiting programs past this many hold the search until the worker catches up: each holds a
+/// function and a choice.
+const MAX_WAITING: usize = 256;
+
+impl LoweringQueue {
+    fn new(check: LowerCheck, early: bool) -> LoweringQueue {
+        let (jobs, inbox) = std::sync::mpsc::channel::<(Vec<u32>, Option<Function>)>();
+        let (outbox, verdicts) = std::sync::mpsc::channel();
+        let worker = std::thread::spawn(move || {
+            let mut output: FxHashSet<Vec<u32>> = FxHashSet::default();
+            for (class_form, program) in inbox {
+                let verdict = match program {
+                    _ if output.contains(&class_form) => Verdict::ClassOutput(true),
+                    None => Verdict::ClassOutput(false),
+                    Some(f) => match check(&f) {
+                        Ok(()) => {
+                            output.insert(class_form);
+                            Verdict::Lowered
+                        }
+                        Err(reason) => Verdict::Refused(reason),
+                    },
+                };
+                if outbox.send(verdict).is_err() {
+                    break;
+                }
+            }
+        });
+        LoweringQueue {
+            jobs: Some(jobs),
+            verdicts,
+            worker: Some(worker),
+            waiting: Default::default(),
+            classes: Default::default(),
+            early,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.waiting.len()
+    }
+
+    fn waits_for(&self, class_form: &[u32]) -> bool {
+        self.classes.contains_key(class_form)
+    }
+
+    /// Sends a program to lowering, or (`None`, with its refusal) one refused before lowering
+    /// whose count depends on the verdict of a program of its class that waits.
+    fn submit(
+        &mut self,
+        program: Option<Function>,
+        class_form: Vec<u32>,
+        choice: Choice,
+        cost: u64,
+        refusal: Option<Refusal>,
+    ) {
+        if let Some(jobs) = &self.jobs {
+            if jobs.send((class_form.clone(), program)).is_ok() {
+                *self.classes.entry(class_form.clone()).or_default() += 1;
+                self.waiting.push_back((class_form, choice, cost, refusal));
+                return;
+            }
+        }
+        self.worker_died();
+    }
+
+    /// Records the oldest waiting program's verdict; `wait` blocks for it.
+    fn receive(&mut self, out: &mut Outcomes, wait: bool) -> bool {
+        if self.waiting.is_empty() {
+            return false;
+        }
+        let verdict = if wait {
+            match self.verdicts.recv() {
+                Ok(v) => v,
+                Err(_) => self.worker_died(),
+            }
+        } else {
+            match self.verdicts.try_recv() {
+                Ok(v) => v,
+                Err(std::sync::mpsc::TryRecvError::Empty) => return false,
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => self.worker_died(),
+            }
+        };
+        let Some((class_form, choice, cost, refusal)) = self.waiting.pop_front() else {
+            return false;
+        };
+        if let Some(n) = self.classes.get_mut(&class_form) {
+            *n -= 1;
+            if *n == 0 {
+                self.classes.remove(&class_form);
+            }
+        }
+        match (verdict, refusal) {
+            (Verdict::Lowered, _) => {
+                out.accept(class_form, &choice, cost, false);
+            }
+            (Verdict::Refused(reason), _) => out.refused(reason),
+            (Verdict::ClassOutput(true), _) if self.early => out.deferred.equivalent += 1,
+            (Verdict::ClassOutput(true), _) => out.complete += 1,
+            (Verdict::ClassOutput(false), Some(r)) => out.deferred.refusals.push(r),
+            (Verdict::ClassOutput(false), None) => {}
+        }
+        true
+    }
+
+    /// Records the verdicts that are in.
+    fn poll(&mut self, out: &mut Outcomes) {
+        while self.receive(out, false) {}
+    }
+
+    /// Waits until few enough programs wait.
+    fn bound(&mut self, out: &mut Outcomes) {
+        while self.waiting.len() > MAX_WAITING && self.receive(out, true) {}
+    }
+
+    /// Waits for every verdict.
+    fn drain(&mut self, out: &mut Outcomes) {
+        while self.receive(out, true) {}
+    }
+
+    /// The worker ended without a verdict: only a panic in the backend's check does that, and
+    /// it is raised here as it would have been on this thread.
+    fn worker_died(&mut self) -> ! {
+        self.jobs = None;
+        if let Some(Err(panic)) = self.worker.take().map(|w| w.join()) {
+            std::panic::resume_unwind(panic);
+        }
+        unreachable!("the lowering worker ended without a panic while programs waited")
+    }
+}
+
+impl Drop for LoweringQueue {
+    fn drop(&mut self) {
+        // Closing the job channel ends the worker's loop.
+        self.jobs = None;
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
         }
     }
 }
@@ -3404,6 +3708,90 @@ mod tests {
         assert_eq!(m.generation, 1);
         for c in 0..4 {
             assert!(m.mark(c), "class {c} was left marked across the wrap");
+        }
+    }
+
+    /// A one-statement function named `name`, for a stand-in backend to judge by name.
+    fn named_function(name: &str) -> Function {
+        let src = "func f where N = 4 {\n  x: tensor<N, f32> = input\n  return exp(x)\n}\n";
+        let mut m = crate::parse::parse_module(src, 0).expect("parses");
+        crate::passes::verify::verify_module(&mut m).expect("verifies");
+        let mut f = m.funcs.remove(0);
+        f.name = name.to_string();
+        f
+    }
+
+    /// A stand-in backend that lowers functions named `lowers`, and counts its calls.
+    fn by_name(calls: &std::sync::Arc<std::sync::atomic::AtomicUsize>) -> LowerCheck {
+        let calls = calls.clone();
+        std::sync::Arc::new(move |f: &Function| {
+            calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            match f.name.as_str() {
+                "lowers" => Ok(()),
+                _ => Err("refused".to_string()),
+            }
+        })
+    }
+
+    /// Early compaction: a program refused before lowering while a program of its class
+    /// waits counts as ≈ an output program when that one is lowered, and as its own refusal
+    /// when that one is refused — as checking them in turn would count it.
+    #[test]
+    fn a_refusal_while_its_class_waits_is_counted_by_that_class_verdict() {
+        for (first, output) in [("lowers", 1), ("refused", 0)] {
+            let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let mut queue = LoweringQueue::new(by_name(&calls), true);
+            let mut out = Outcomes::default();
+            let class = vec![7u32, 1];
+            queue.submit(Some(named_function(first)), class.clone(), vec![0], 5, None);
+            assert!(queue.waits_for(&class));
+            let refusal = Some(Refusal::DeadComponent);
+            queue.submit(None, class.clone(), Choice::new(), 6, refusal);
+            queue.drain(&mut out);
+            assert!(!queue.waits_for(&class) && queue.len() == 0);
+            assert_eq!(out.candidates.len(), output);
+            assert_eq!(out.deferred.equivalent, output);
+            assert_eq!(out.deferred.count(Refusal::DeadComponent), 1 - output);
+            assert_eq!(out.not_lowerable, 1 - output);
+            assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+        }
+    }
+
+    /// A program whose class an earlier waiting program output is not lowered: early
+    /// compaction counts it as ≈ that one, `after` as a complete program; a refused program
+    /// leaves its class open, so the next one of the class is lowered and output.
+    #[test]
+    fn the_queue_lowers_one_program_per_output_class_in_submission_order() {
+        for early in [true, false] {
+            let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let mut queue = LoweringQueue::new(by_name(&calls), early);
+            let mut out = Outcomes::default();
+            let (a, b) = (vec![1u32], vec![2u32]);
+            for (name, class, cost) in [
+                ("refused", &a, 1),
+                ("lowers", &a, 2),
+                ("lowers", &a, 3),
+                ("lowers", &b, 4),
+            ] {
+                queue.submit(
+                    Some(named_function(name)),
+                    class.clone(),
+                    vec![0],
+                    cost,
+                    None,
+                );
+            }
+            queue.drain(&mut out);
+            let costs: Vec<u64> = out.candidates.iter().map(|c| c.cost).collect();
+            assert_eq!(costs, [2, 4]);
+            assert_eq!(out.not_lowerable, 1);
+            assert_eq!(out.first_refusal.as_deref(), Some("refused"));
+            assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 3);
+            if early {
+                assert_eq!((out.complete, out.deferred.equivalent), (2, 1));
+            } else {
+                assert_eq!((out.complete, out.deferred.equivalent), (3, 0));
+            }
         }
     }
 }
