@@ -855,14 +855,15 @@ fn outcome(r: &ExtractReport) -> String {
     )
 }
 
-/// Lowering on a worker thread while the search goes on changes neither what a run outputs,
+/// Rebuilding and lowering on a worker thread while the search goes on changes neither what a run outputs,
 /// nor in which order, nor anything it counts: checked with the real backend (which refuses
 /// some softmax–matmul candidates) and with a slow stand-in that refuses every two-kernel
 /// program and takes 0.3 ms to say so (the worker lags behind the search, and early
-/// compaction meets programs refused before lowering while a program of their class waits:
-/// about 180 here; counting them as their own refusals fails this test), exhaustively and
-/// stopped by the candidate limit, with and without `max_kernels`, in early and after mode.
-/// The queue's bookkeeping is also tested on its own in `src/egraph/extract.rs`.
+/// compaction meets programs the search refuses while a program of their class waits:
+/// counting them as their own refusals, or letting the worker check a program whose class
+/// it has output, fails this test), exhaustively and stopped by the candidate limit, with and
+/// without `max_kernels`, in early and after mode. The queue's bookkeeping is also tested on
+/// its own in `src/egraph/extract.rs`.
 #[test]
 fn lowering_in_the_background_changes_nothing_but_the_time() {
     let slow: efopt::egraph::extract::LowerCheck = std::sync::Arc::new(|f| {

@@ -42,10 +42,10 @@
 //! rejected: 6,563 classes in walk order against
 //! 6,627 fewest-first). Complete programs are grouped by ≈.
 //!
-//! The search runs on one thread; the backend's lowering check of complete programs runs on a
-//! second (`LoweringQueue`), which decides and counts exactly as checking each program in turn
-//! would (MHA decode: a third of the search's time was lowering; 22,139–22,392 → 29,482–29,534
-//! candidates in 10 s, RMSNorm–MLP exhaustive 3.30–3.35 → 2.90–2.91 s). Evaluating the next
+//! The search runs on one thread; complete programs are rebuilt as functions, checked and
+//! lowered on a second (`LoweringQueue`), which decides and counts exactly as checking each
+//! program in turn would (MHA decode: half the search's time went there; 22,336–22,660 →
+//! 34,806 candidates in 10 s, RMSNorm–MLP exhaustive 3.33–3.39 → 2.43–2.45 s). Evaluating the next
 //! partial programs in worklist order on the thread pool while taking them in order (output
 //! unchanged) was measured slower on the 2-core development machine: the worklist is narrow
 //! (about 2.3 programs to evaluate per step on rmsnorm_gemm), so each step paid a pool wake-up
@@ -2657,6 +2657,15 @@ impl Extractor {
     /// with fewest kernels and stores. A partial program is stored as its last pick and a link
     /// to its parent, so the worklist stays small.
     pub fn run(&self, x: &ExtractGraph) -> ExtractReport {
+        // The lowering worker (`LoweringQueue`) borrows the e-graph: it lives in this scope.
+        std::thread::scope(|scope| self.run_in(x, scope))
+    }
+
+    fn run_in<'scope, 'env>(
+        &'env self,
+        x: &'env ExtractGraph<'env>,
+        scope: &'scope std::thread::Scope<'scope, 'env>,
+    ) -> ExtractReport {
         let start = Instant::now();
         let classes = x.ids.len();
         // Pruning compares partial programs under a finer relation than ≈: a fold over a
@@ -2678,10 +2687,12 @@ impl Extractor {
         let mut out = Outcomes::default();
         // With a backend check, complete programs are lowered on another thread (not in
         // `None` mode, which outputs every program and so needs each verdict at once).
+        let max_kernels = self.max_kernels;
         let mut queue = match &self.lowerable {
             Some(check) if self.background_lowering && self.compaction != Compaction::None => {
                 let early = self.compaction == Compaction::Early;
-                Some(LoweringQueue::new(check.clone(), early))
+                let rebuild = move |choice: &Choice| rebuilt(x, choice, max_kernels);
+                Some(LoweringQueue::new(scope, check.clone(), rebuild, early))
             }
             _ => None,
         };
@@ -2940,56 +2951,24 @@ impl Extractor {
                 }
             }
             let Some(h) = hole else {
-                // The checks a complete program must pass besides lowering, in turn.
-                let checked = (|| {
-                    // The partial test is exact enough to refuse most such programs before
-                    // they are rebuilt as functions; `summarize` below decides the rest.
-                    if self.prune_no_launch_order
-                        && launch_order_impossible(&kv, &picks, &mut launch_scratch)
-                    {
-                        return Err(Refusal::NoLaunchOrder);
-                    }
-                    let mut program = reconstruct(x, &s, "");
-                    if !no_dead_components(&program, &x.g.egraph.analysis.env) {
-                        return Err(Refusal::DeadComponent);
-                    }
-                    let summary = summarize(&mut program);
-                    if !summary.launch_order {
-                        return Err(Refusal::NoLaunchOrderFound);
-                    }
-                    if self.max_kernels.is_some_and(|max| summary.kernels > max) {
-                        return Err(Refusal::OverKernels);
-                    }
-                    Ok(program)
-                })();
-                let program = match (checked, queue.as_mut()) {
-                    // Early compaction would have pruned it as ≈ an output program if the
-                    // program of its class that waits is output: that verdict decides.
-                    (Err(refusal), Some(q))
-                        if self.compaction == Compaction::Early && q.waits_for(&class_form) =>
-                    {
-                        q.submit(None, class_form, Choice::new(), cost, Some(refusal));
-                        continue;
-                    }
-                    (Err(refusal), _) => {
-                        *match refusal {
-                            Refusal::NoLaunchOrder => &mut no_launch_order,
-                            Refusal::DeadComponent => &mut dead_components,
-                            Refusal::NoLaunchOrderFound => &mut rejected,
-                            Refusal::OverKernels => &mut over_kernels,
-                        } += 1;
-                        continue;
-                    }
-                    (Ok(program), _) => program,
-                };
-                // One lowering per class: a representative of a class already output stands
-                // for it. A refused representative leaves the class open to another.
+                // The partial test is exact enough to refuse most such programs before they
+                // are rebuilt as functions; `rebuilt` decides the rest.
+                let launch_order = !self.prune_no_launch_order
+                    || !launch_order_impossible(&kv, &picks, &mut launch_scratch);
                 if let Some(q) = queue.as_mut() {
-                    if out.distinct.contains(&class_form) {
-                        out.complete += 1; // `after` only: `early` pruned it above
+                    if !launch_order {
+                        // Early compaction would have pruned it as ≈ an output program if
+                        // the program of its class that waits is output: that verdict decides.
+                        if self.compaction == Compaction::Early && q.waits_for(&class_form) {
+                            let refusal = Some(Refusal::NoLaunchOrder);
+                            q.submit(None, class_form, Choice::new(), cost, refusal);
+                        } else {
+                            no_launch_order += 1;
+                        }
                         continue;
                     }
-                    q.submit(Some(program), class_form, s.clone(), cost, None);
+                    // The worker rebuilds and checks it, and lowers it unless its class is output.
+                    q.submit(Some(s.clone()), class_form, s.clone(), cost, None);
                     // Every waiting program may yet be output: once they could reach the
                     // limit, their verdicts decide whether this program is the last.
                     if out.candidates.len() + q.len() >= self.max_candidates {
@@ -3002,6 +2981,23 @@ impl Extractor {
                     q.bound(&mut out);
                     continue;
                 }
+                let program = if launch_order {
+                    rebuilt(x, &s, self.max_kernels)
+                } else {
+                    Err(Refusal::NoLaunchOrder)
+                };
+                let program = match program {
+                    Ok(program) => program,
+                    Err(refusal) => {
+                        *match refusal {
+                            Refusal::NoLaunchOrder => &mut no_launch_order,
+                            Refusal::DeadComponent => &mut dead_components,
+                            Refusal::NoLaunchOrderFound => &mut rejected,
+                            Refusal::OverKernels => &mut over_kernels,
+                        } += 1;
+                        continue;
+                    }
+                };
                 if let Some(check) = &self.lowerable {
                     if !out.distinct.contains(&class_form) {
                         if let Err(reason) = check(&program) {
@@ -3212,6 +3208,28 @@ impl Outcomes {
     }
 }
 
+/// A complete program rebuilt as a function, if it passes the checks besides lowering that
+/// need the function: no dead component, a launch order (`summarize`), and at most
+/// `max_kernels` kernels.
+fn rebuilt(
+    x: &ExtractGraph,
+    choice: &Choice,
+    max_kernels: Option<usize>,
+) -> Result<Function, Refusal> {
+    let mut program = reconstruct(x, choice, "");
+    if !no_dead_components(&program, &x.g.egraph.analysis.env) {
+        return Err(Refusal::DeadComponent);
+    }
+    let summary = summarize(&mut program);
+    if !summary.launch_order {
+        return Err(Refusal::NoLaunchOrderFound);
+    }
+    if max_kernels.is_some_and(|max| summary.kernels > max) {
+        return Err(Refusal::OverKernels);
+    }
+    Ok(program)
+}
+
 /// Why a complete program is refused before lowering.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Refusal {
@@ -3244,24 +3262,29 @@ enum Verdict {
     /// Lowered: its class is output.
     Lowered,
     Refused(String),
+    /// Refused by a check before lowering (`rebuilt`).
+    Before(Refusal),
     /// Not lowered, as a program of its class was output before it (true), or as it was
-    /// refused before lowering and no program of its class was output (false).
+    /// refused before it was sent and no program of its class was output (false).
     ClassOutput(bool),
 }
 
-/// Complete programs waiting for the backend's verdict, which a worker thread computes while
-/// the search goes on (on MHA decode lowering is a third of the search's time). The worker
-/// takes them in submission order and keeps the classes output, so it decides, as checking
-/// each program in turn would, whether a program's class was output by an earlier one
-/// (early compaction prunes such a program; `after` counts it without lowering it). The
-/// verdicts are recorded in submission order too, so what a run outputs and counts does not
-/// depend on the worker's timing, and the candidate limit is decided by draining every
-/// verdict once the waiting programs could reach it.
-struct LoweringQueue {
-    jobs: Option<std::sync::mpsc::Sender<(Vec<u32>, Option<Function>)>>,
+/// Rebuilds a complete program as a function and checks it (`rebuilt`).
+type Rebuild<'scope> = Box<dyn Fn(&Choice) -> Result<Function, Refusal> + Send + 'scope>;
+
+/// Complete programs waiting to be rebuilt, checked and lowered by a worker thread while the
+/// search goes on (on MHA decode these took half the search's time). The worker takes them in
+/// submission order and keeps the classes output, so it decides, as checking each program in
+/// turn would, whether a program's class was output by an earlier one (early compaction
+/// prunes such a program before its checks; `after` counts it once it passes them, without
+/// lowering it). The verdicts are recorded in submission order too, so what a run outputs and
+/// counts does not depend on the worker's timing, and the candidate limit is decided by
+/// draining every verdict once the waiting programs could reach it.
+struct LoweringQueue<'scope> {
+    jobs: Option<std::sync::mpsc::Sender<(Vec<u32>, Option<Choice>)>>,
     verdicts: std::sync::mpsc::Receiver<Verdict>,
-    worker: Option<std::thread::JoinHandle<()>>,
-    /// Each waiting program's class, choice, cost and refusal before lowering, in
+    worker: Option<std::thread::ScopedJoinHandle<'scope, ()>>,
+    /// Each waiting program's class, choice, cost and refusal before it was sent, in
     /// submission order.
     waiting: std::collections::VecDeque<(Vec<u32>, Choice, u64, Option<Refusal>)>,
     /// How many programs of each class wait.
@@ -3269,26 +3292,36 @@ struct LoweringQueue {
     early: bool,
 }
 
-/// Waiting programs past this many hold the search until the worker catches up: each holds a
-/// function and a choice.
+/// Waiting programs past this many hold the search until the worker catches up: each holds
+/// two choices.
 const MAX_WAITING: usize = 256;
 
-impl LoweringQueue {
-    fn new(check: LowerCheck, early: bool) -> LoweringQueue {
-        let (jobs, inbox) = std::sync::mpsc::channel::<(Vec<u32>, Option<Function>)>();
+impl<'scope> LoweringQueue<'scope> {
+    fn new<'env>(
+        scope: &'scope std::thread::Scope<'scope, 'env>,
+        check: LowerCheck,
+        rebuild: impl Fn(&Choice) -> Result<Function, Refusal> + Send + 'scope,
+        early: bool,
+    ) -> LoweringQueue<'scope> {
+        let rebuild: Rebuild<'scope> = Box::new(rebuild);
+        let (jobs, inbox) = std::sync::mpsc::channel::<(Vec<u32>, Option<Choice>)>();
         let (outbox, verdicts) = std::sync::mpsc::channel();
-        let worker = std::thread::spawn(move || {
+        let worker = scope.spawn(move || {
             let mut output: FxHashSet<Vec<u32>> = FxHashSet::default();
-            for (class_form, program) in inbox {
-                let verdict = match program {
-                    _ if output.contains(&class_form) => Verdict::ClassOutput(true),
+            for (class_form, choice) in inbox {
+                let verdict = match choice {
+                    _ if early && output.contains(&class_form) => Verdict::ClassOutput(true),
                     None => Verdict::ClassOutput(false),
-                    Some(f) => match check(&f) {
-                        Ok(()) => {
-                            output.insert(class_form);
-                            Verdict::Lowered
-                        }
-                        Err(reason) => Verdict::Refused(reason),
+                    Some(choice) => match rebuild(&choice) {
+                        Err(refusal) => Verdict::Before(refusal),
+                        Ok(_) if output.contains(&class_form) => Verdict::ClassOutput(true),
+                        Ok(f) => match check(&f) {
+                            Ok(()) => {
+                                output.insert(class_form);
+                                Verdict::Lowered
+                            }
+                            Err(reason) => Verdict::Refused(reason),
+                        },
                     },
                 };
                 if outbox.send(verdict).is_err() {
@@ -3314,11 +3347,12 @@ impl LoweringQueue {
         self.classes.contains_key(class_form)
     }
 
-    /// Sends a program to lowering, or (`None`, with its refusal) one refused before lowering
-    /// whose count depends on the verdict of a program of its class that waits.
+    /// Sends a complete program (its choice) to be rebuilt, checked and lowered, or (`None`,
+    /// with its refusal) one refused before it was sent whose count depends on the verdict of
+    /// a program of its class that waits.
     fn submit(
         &mut self,
-        program: Option<Function>,
+        program: Option<Choice>,
         class_form: Vec<u32>,
         choice: Choice,
         cost: u64,
@@ -3365,9 +3399,11 @@ impl LoweringQueue {
                 out.accept(class_form, &choice, cost, false);
             }
             (Verdict::Refused(reason), _) => out.refused(reason),
+            (Verdict::Before(r), _) | (Verdict::ClassOutput(false), Some(r)) => {
+                out.deferred.refusals.push(r)
+            }
             (Verdict::ClassOutput(true), _) if self.early => out.deferred.equivalent += 1,
             (Verdict::ClassOutput(true), _) => out.complete += 1,
-            (Verdict::ClassOutput(false), Some(r)) => out.deferred.refusals.push(r),
             (Verdict::ClassOutput(false), None) => {}
         }
         true
@@ -3388,8 +3424,8 @@ impl LoweringQueue {
         while self.receive(out, true) {}
     }
 
-    /// The worker ended without a verdict: only a panic in the backend's check does that, and
-    /// it is raised here as it would have been on this thread.
+    /// The worker ended without a verdict: only a panic in rebuilding or in the backend's
+    /// check does that, and it is raised here as it would have been on this thread.
     fn worker_died(&mut self) -> ! {
         self.jobs = None;
         if let Some(Err(panic)) = self.worker.take().map(|w| w.join()) {
@@ -3399,7 +3435,7 @@ impl LoweringQueue {
     }
 }
 
-impl Drop for LoweringQueue {
+impl Drop for LoweringQueue<'_> {
     fn drop(&mut self) {
         // Closing the job channel ends the worker's loop.
         self.jobs = None;
@@ -3721,76 +3757,99 @@ mod tests {
         f
     }
 
-    /// A stand-in backend that lowers functions named `lowers`, and counts its calls.
-    fn by_name(calls: &std::sync::Arc<std::sync::atomic::AtomicUsize>) -> LowerCheck {
+    /// Stand-in programs for the queue, by their choice's first entry.
+    const LOWERS: u32 = 0;
+    const REFUSED: u32 = 1;
+    const DEAD_COMPONENT: u32 = 2;
+
+    /// The queue with a stand-in backend that lowers the functions named `lowers`, counting
+    /// its calls, and a stand-in rebuild that refuses `DEAD_COMPONENT` programs.
+    fn stand_in_queue<'scope>(
+        scope: &'scope std::thread::Scope<'scope, '_>,
+        calls: &std::sync::Arc<std::sync::atomic::AtomicUsize>,
+        early: bool,
+    ) -> LoweringQueue<'scope> {
         let calls = calls.clone();
-        std::sync::Arc::new(move |f: &Function| {
+        let check: LowerCheck = std::sync::Arc::new(move |f: &Function| {
             calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             match f.name.as_str() {
                 "lowers" => Ok(()),
                 _ => Err("refused".to_string()),
             }
-        })
+        });
+        let rebuild = |choice: &Choice| match choice[0] {
+            LOWERS => Ok(named_function("lowers")),
+            REFUSED => Ok(named_function("refused")),
+            _ => Err(Refusal::DeadComponent),
+        };
+        LoweringQueue::new(scope, check, rebuild, early)
     }
 
-    /// Early compaction: a program refused before lowering while a program of its class
+    /// Early compaction: a program refused before it was sent while a program of its class
     /// waits counts as ≈ an output program when that one is lowered, and as its own refusal
     /// when that one is refused — as checking them in turn would count it.
     #[test]
     fn a_refusal_while_its_class_waits_is_counted_by_that_class_verdict() {
-        for (first, output) in [("lowers", 1), ("refused", 0)] {
+        for (first, output) in [(LOWERS, 1), (REFUSED, 0)] {
             let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-            let mut queue = LoweringQueue::new(by_name(&calls), true);
-            let mut out = Outcomes::default();
-            let class = vec![7u32, 1];
-            queue.submit(Some(named_function(first)), class.clone(), vec![0], 5, None);
-            assert!(queue.waits_for(&class));
-            let refusal = Some(Refusal::DeadComponent);
-            queue.submit(None, class.clone(), Choice::new(), 6, refusal);
-            queue.drain(&mut out);
-            assert!(!queue.waits_for(&class) && queue.len() == 0);
+            let out = std::thread::scope(|scope| {
+                let mut queue = stand_in_queue(scope, &calls, true);
+                let mut out = Outcomes::default();
+                let class = vec![7u32, 1];
+                queue.submit(Some(vec![first]), class.clone(), vec![first], 5, None);
+                assert!(queue.waits_for(&class));
+                let refusal = Some(Refusal::NoLaunchOrder);
+                queue.submit(None, class.clone(), Choice::new(), 6, refusal);
+                queue.drain(&mut out);
+                assert!(!queue.waits_for(&class) && queue.len() == 0);
+                out
+            });
             assert_eq!(out.candidates.len(), output);
             assert_eq!(out.deferred.equivalent, output);
-            assert_eq!(out.deferred.count(Refusal::DeadComponent), 1 - output);
+            assert_eq!(out.deferred.count(Refusal::NoLaunchOrder), 1 - output);
             assert_eq!(out.not_lowerable, 1 - output);
             assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
         }
     }
 
     /// A program whose class an earlier waiting program output is not lowered: early
-    /// compaction counts it as ≈ that one, `after` as a complete program; a refused program
-    /// leaves its class open, so the next one of the class is lowered and output.
+    /// compaction counts it as ≈ that one without checking it, `after` checks it and counts
+    /// it as a complete program; a refused program leaves its class open, so the next one of
+    /// the class is lowered and output.
     #[test]
     fn the_queue_lowers_one_program_per_output_class_in_submission_order() {
         for early in [true, false] {
             let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-            let mut queue = LoweringQueue::new(by_name(&calls), early);
-            let mut out = Outcomes::default();
-            let (a, b) = (vec![1u32], vec![2u32]);
-            for (name, class, cost) in [
-                ("refused", &a, 1),
-                ("lowers", &a, 2),
-                ("lowers", &a, 3),
-                ("lowers", &b, 4),
-            ] {
-                queue.submit(
-                    Some(named_function(name)),
-                    class.clone(),
-                    vec![0],
-                    cost,
-                    None,
-                );
-            }
-            queue.drain(&mut out);
+            let out = std::thread::scope(|scope| {
+                let mut queue = stand_in_queue(scope, &calls, early);
+                let mut out = Outcomes::default();
+                let (a, b) = (vec![1u32], vec![2u32]);
+                for (program, class, cost) in [
+                    (REFUSED, &a, 1),
+                    (DEAD_COMPONENT, &a, 2),
+                    (LOWERS, &a, 3),
+                    (LOWERS, &a, 4),
+                    (DEAD_COMPONENT, &a, 5),
+                    (LOWERS, &b, 6),
+                ] {
+                    let choice = vec![program];
+                    queue.submit(Some(choice.clone()), class.clone(), choice, cost, None);
+                }
+                queue.drain(&mut out);
+                out
+            });
             let costs: Vec<u64> = out.candidates.iter().map(|c| c.cost).collect();
-            assert_eq!(costs, [2, 4]);
+            assert_eq!(costs, [3, 6]);
             assert_eq!(out.not_lowerable, 1);
             assert_eq!(out.first_refusal.as_deref(), Some("refused"));
             assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 3);
             if early {
-                assert_eq!((out.complete, out.deferred.equivalent), (2, 1));
+                // The fourth and fifth are ≈ the third, whatever their own checks say.
+                assert_eq!((out.complete, out.deferred.equivalent), (2, 2));
+                assert_eq!(out.deferred.count(Refusal::DeadComponent), 1);
             } else {
                 assert_eq!((out.complete, out.deferred.equivalent), (3, 0));
+                assert_eq!(out.deferred.count(Refusal::DeadComponent), 2);
             }
         }
     }
