@@ -855,8 +855,8 @@ fn outcome(r: &ExtractReport) -> String {
     )
 }
 
-/// Rebuilding and lowering on a worker thread while the search goes on changes neither what a run outputs,
-/// nor in which order, nor anything it counts: checked with the real backend (which refuses
+/// Rebuilding and lowering on a worker thread while the search goes on changes neither what a
+/// run outputs, nor in which order, nor anything it counts: checked with the real backend (which refuses
 /// some softmax–matmul candidates) and with a slow stand-in that refuses every two-kernel
 /// program and takes 0.3 ms to say so (the worker lags behind the search, and early
 /// compaction meets programs the search refuses while a program of their class waits:
