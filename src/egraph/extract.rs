@@ -2998,6 +2998,8 @@ impl Extractor {
                         continue;
                     }
                 };
+                // One lowering per class: a representative of a class already output stands
+                // for it. A refused representative leaves the class open to another.
                 if let Some(check) = &self.lowerable {
                     if !out.distinct.contains(&class_form) {
                         if let Err(reason) = check(&program) {
