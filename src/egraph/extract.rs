@@ -3450,8 +3450,14 @@ impl Drop for LoweringQueue<'_> {
 /// The process's resident memory in MiB (`VmRSS` of `/proc/self/status`), where the system
 /// reports it.
 fn resident_mib() -> Option<usize> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    proc_mib("/proc/self/status", "VmRSS:")
+}
+
+/// A `field   N kB` line of a Linux `/proc` file, in MiB; `None` where there is no such file
+/// or line.
+pub fn proc_mib(file: &str, field: &str) -> Option<usize> {
+    let text = std::fs::read_to_string(file).ok()?;
+    let line = text.lines().find(|l| l.starts_with(field))?;
     let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib / 1024)
 }

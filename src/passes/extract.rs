@@ -278,10 +278,7 @@ pub fn default_memory_limit(total_mib: Option<usize>) -> usize {
 
 /// The machine's memory in MiB (`MemTotal` of `/proc/meminfo`), where the system reports it.
 fn machine_mib() -> Option<usize> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib / 1024)
+    crate::egraph::extract::proc_mib("/proc/meminfo", "MemTotal:")
 }
 
 #[cfg(test)]
