@@ -164,9 +164,10 @@ pub struct ExtractGraph<'a> {
     pub roots: Vec<u32>,
     /// Classes reachable from each class through valid e-nodes (itself included), as bitsets.
     reach: Vec<Vec<u64>>,
-    /// Cheapest tree cost per class, and per valid e-node (its own cost plus its children's
-    /// cheapest): the search's priority.
-    best: Vec<u64>,
+    /// Per class, the classes of its cheapest program (its e-node of least cheapest cost,
+    /// and theirs below it), itself included, as bitsets: a hole's share of the search's
+    /// priority (see `hole_estimate`).
+    cheapest: Vec<Vec<u64>>,
     /// Classes whose value is known at compile time (built from fill/constant/iota only).
     constant: Vec<bool>,
     /// Classes holding an input.
@@ -367,6 +368,31 @@ impl<'a> ExtractGraph<'a> {
                     .collect()
             })
             .collect();
+        // Children of a finite class's cheapest e-node are cheaper still, so in order of
+        // cheapest cost each class's children come first (an infinite class keeps itself).
+        let words = ids.len().div_ceil(64);
+        let mut cheapest = vec![vec![0u64; words]; ids.len()];
+        let mut by_cost: Vec<usize> = (0..ids.len()).collect();
+        by_cost.sort_by_key(|c| (best[*c], *c));
+        let mut done = vec![false; ids.len()];
+        for c in by_cost {
+            cheapest[c][c / 64] |= 1 << (c % 64);
+            if let Some((_, kids)) = nodes[c].first().filter(|_| best[c] != u64::MAX) {
+                for k in kids.iter().map(|k| *k as usize).filter(|k| done[*k]) {
+                    let (below, at) = if k < c {
+                        let (lo, hi) = cheapest.split_at_mut(c);
+                        (&lo[k], &mut hi[0])
+                    } else {
+                        let (lo, hi) = cheapest.split_at_mut(k);
+                        (&hi[0], &mut lo[c])
+                    };
+                    for (w, b) in at.iter_mut().zip(below) {
+                        *w |= b;
+                    }
+                }
+            }
+            done[c] = true;
+        }
         let roots: Vec<u32> = g.roots.iter().map(|r| index[&eg.find(*r)]).collect();
         if let Some(r) = roots.iter().find(|r| !finite[**r as usize]) {
             return Err(format!(
@@ -481,7 +507,7 @@ impl<'a> ExtractGraph<'a> {
             heavy_tile,
             pointwise_only,
             ids,
-            best,
+            cheapest,
             pick_cost,
             input: nodes
                 .iter()
@@ -601,19 +627,42 @@ fn node_cost(
     cost.clamp(1.0, 1.0e15) as u64
 }
 
-/// Estimated work of a partial program: the pick costs of its reachable resolved classes,
-/// each counted once, plus the cheapest cost of each hole. Exact for complete programs.
-fn estimate(x: &ExtractGraph, choice: &Choice, met: &[u32], holes: &[u32]) -> u64 {
-    let picked = met
-        .iter()
+/// Work of a partial program's resolved part: the pick costs of its reachable resolved
+/// classes, each counted once. With `hole_estimate` added, the search's priority.
+fn picked_cost(x: &ExtractGraph, choice: &Choice, met: &[u32]) -> u64 {
+    met.iter()
         .map(|c| *c as usize)
         .filter(|c| choice[*c] != NONE)
         .fold(0u64, |t, c| {
             t.saturating_add(x.pick_cost[c][choice[c] as usize])
-        });
-    holes
-        .iter()
-        .fold(picked, |t, h| t.saturating_add(x.best[*h as usize]))
+        })
+}
+
+/// Estimated work of completing a program whose holes' cheapest programs cover `union`: each
+/// unresolved class of it counted once, at the cost of its cheapest e-node. Counting a
+/// subterm the holes share once matters: summing each hole's cheapest cost put a fused
+/// program whose three reductions read one score tile (three holes) behind every program
+/// that had stored the tile, and a 10 s run on MHA decode found no single-kernel candidate.
+fn hole_estimate(x: &ExtractGraph, choice: &Choice, union: &[u64]) -> u64 {
+    let mut total = 0u64;
+    for (w, bits) in union.iter().enumerate() {
+        let mut bits = *bits;
+        while bits != 0 {
+            let c = w * 64 + bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            if choice[c] == NONE {
+                total = total.saturating_add(x.pick_cost[c].first().copied().unwrap_or(0));
+            }
+        }
+    }
+    total
+}
+
+/// Adds the cheapest program of class `c` to `union`.
+fn add_cheapest(x: &ExtractGraph, union: &mut [u64], c: u32) {
+    for (w, b) in union.iter_mut().zip(&x.cheapest[c as usize]) {
+        *w |= b;
+    }
 }
 
 /// Transitive closure of the valid-node child relation, one bitset per class.
@@ -2701,13 +2750,16 @@ impl Extractor {
         let mut roots: Vec<u32> = x.roots.clone();
         roots.sort();
         roots.dedup();
-        let root_cost = roots
-            .iter()
-            .fold(0u64, |t, r| t.saturating_add(x.best[*r as usize]));
+        let words = classes.div_ceil(64);
+        let (mut base_union, mut union) = (vec![0u64; words], vec![0u64; words]);
+        for r in &roots {
+            add_cheapest(x, &mut union, *r);
+        }
+        let mut s: Choice = vec![NONE; classes];
+        let root_cost = hole_estimate(x, &s, &union);
         let mut worklist: BinaryHeap<(Reverse<u64>, u64, u32)> = BinaryHeap::new();
         worklist.push((Reverse(root_cost), 0, 0));
         let mut pushed = 0u64;
-        let mut s: Choice = vec![NONE; classes];
         let (mut facts, mut class_facts) = (WalkFacts::default(), WalkFacts::default());
         let mut scratch = Marks::new(classes);
         let mut once_scratch = OnceScratch::new(classes);
@@ -2849,7 +2901,8 @@ impl Extractor {
                     .copied()
                     .max_by_key(|h| options[*h as usize].len()),
             };
-            let cost = estimate(x, &s, met, holes);
+            // Exact for a complete program; the children's priorities build on it.
+            let cost = picked_cost(x, &s, met);
             // Every class the holes reach through any e-node, resolved ones included: those
             // whose picks and regions ≈ₚ compares (`hole_context`).
             hole_reach.clear();
@@ -3025,6 +3078,11 @@ impl Extractor {
                 .prune_dead_components
                 .then(|| required_get(x, &s, h))
                 .flatten();
+            base_union.fill(0);
+            for other in holes.iter().filter(|k| **k != h) {
+                add_cheapest(x, &mut base_union, *other);
+            }
+            let base_cost = hole_estimate(x, &s, &base_union);
             for &i in &options[h as usize] {
                 if required.is_some_and(|r| r != Ok(i)) {
                     dead_components += 1;
@@ -3041,15 +3099,13 @@ impl Extractor {
                 if !lowerable {
                     continue;
                 }
-                // The child's estimate: this pick instead of the hole's cheapest cost, plus
-                // the cheapest cost of each child class that becomes a new hole.
-                let mut child = cost - x.best[h as usize].min(cost);
-                child = child.saturating_add(x.pick_cost[h as usize][i as usize]);
+                // The child's estimate: its picks' costs, plus the cheapest programs of the
+                // other holes and of each child class that becomes a new hole, once each.
+                let mut child = cost.saturating_add(x.pick_cost[h as usize][i as usize]);
                 reached.clear();
                 for k in kids {
                     if !visited[*k as usize] && *k != h && !reached.contains(k) {
                         reached.push(*k);
-                        child = child.saturating_add(x.best[*k as usize]);
                     }
                 }
                 let trail_len = trail.len();
@@ -3114,15 +3170,34 @@ impl Extractor {
                         dead = true;
                         break;
                     }
-                    child = child - x.best[k as usize].min(child);
                     child = child.saturating_add(x.pick_cost[k as usize][only as usize]);
                     for g in grandkids {
                         if !visited[*g as usize] && *g != h && !reached.contains(g) {
                             reached.push(*g);
-                            child = child.saturating_add(x.best[*g as usize]);
                         }
                     }
                     trail.push(((trail.len() - 1) as u32, k, only));
+                }
+                if !dead {
+                    // The other holes' share less what this child resolves of it, plus
+                    // what its new holes add.
+                    let in_base = |c: u32| base_union[c as usize / 64] >> (c % 64) & 1 == 1;
+                    let resolved = std::iter::once(h)
+                        .chain(forced_picks.iter().copied())
+                        .filter(|c| in_base(*c))
+                        .fold(0u64, |t, c| {
+                            t.saturating_add(x.pick_cost[c as usize].first().copied().unwrap_or(0))
+                        });
+                    union.fill(0);
+                    for k in reached.iter().filter(|k| s[**k as usize] == NONE) {
+                        add_cheapest(x, &mut union, *k);
+                    }
+                    for (w, b) in union.iter_mut().zip(&base_union) {
+                        *w &= !b;
+                    }
+                    child = child
+                        .saturating_add(base_cost - resolved.min(base_cost))
+                        .saturating_add(hole_estimate(x, &s, &union));
                 }
                 s[h as usize] = NONE;
                 for k in forced_picks.drain(..) {

@@ -253,6 +253,13 @@ impl Pass for ExtractPass {
                 "distinct_candidates": report.distinct,
                 "output": total,
                 "stop_reason": report.stop.to_string(),
+                // The limits in force, defaults included (null: none).
+                "limits": {
+                    "max_candidates": self.max_candidates,
+                    "time_limit_s": self.time_limit,
+                    "max_memory_mib": self.max_memory,
+                    "max_kernels": self.max_kernels,
+                },
                 "seconds": report.seconds,
                 "candidates": listed,
             }));
