@@ -2757,9 +2757,10 @@ impl Extractor {
         }
         let mut s: Choice = vec![NONE; classes];
         let root_cost = hole_estimate(x, &s, &union);
-        let mut worklist: BinaryHeap<(Reverse<u64>, u64, u32)> = BinaryHeap::new();
-        worklist.push((Reverse(root_cost), 0, 0));
-        let mut pushed = 0u64;
+        // (estimate, trail index): a program's trail index grows with every push, so among
+        // equal estimates the newest comes first.
+        let mut worklist: BinaryHeap<(Reverse<u64>, u32)> = BinaryHeap::new();
+        worklist.push((Reverse(root_cost), 0));
         let (mut facts, mut class_facts) = (WalkFacts::default(), WalkFacts::default());
         let mut scratch = Marks::new(classes);
         let mut once_scratch = OnceScratch::new(classes);
@@ -2800,7 +2801,7 @@ impl Extractor {
                     .collect();
                 &all_nodes
             };
-        while let Some((_, _, at)) = worklist.pop() {
+        while let Some((_, at)) = worklist.pop() {
             if let Some(q) = queue.as_mut() {
                 q.poll(&mut out);
             }
@@ -3208,8 +3209,7 @@ impl Extractor {
                     continue;
                 }
                 forced += trail.len() - trail_len - 1;
-                pushed += 1;
-                worklist.push((Reverse(child), pushed, (trail.len() - 1) as u32));
+                worklist.push((Reverse(child), (trail.len() - 1) as u32));
             }
         }
         if let Some(q) = queue.as_mut() {
