@@ -164,6 +164,8 @@ pub struct ExtractGraph<'a> {
     pub roots: Vec<u32>,
     /// Classes reachable from each class through valid e-nodes (itself included), as bitsets.
     reach: Vec<Vec<u64>>,
+    /// Per class, the classes with a valid e-node that reads it, each once.
+    parents: Vec<Vec<u32>>,
     /// Per class, the classes of its cheapest program (its e-node of least cheapest cost,
     /// and theirs below it), itself included, as bitsets: a hole's share of the search's
     /// priority (see `hole_estimate`).
@@ -514,6 +516,18 @@ impl<'a> ExtractGraph<'a> {
                 .map(|ns| ns.iter().any(|(n, _)| matches!(n.op, Op::Input(..))))
                 .collect(),
             constant,
+            parents: {
+                let mut parents: Vec<Vec<u32>> = vec![Vec::new(); nodes.len()];
+                for (c, ns) in nodes.iter().enumerate() {
+                    for k in ns.iter().flat_map(|(_, kids)| kids) {
+                        let ps = &mut parents[*k as usize];
+                        if ps.last() != Some(&(c as u32)) {
+                            ps.push(c as u32);
+                        }
+                    }
+                }
+                parents
+            },
             nodes,
             roots,
             reach,
@@ -1592,6 +1606,38 @@ fn dead_component(x: &ExtractGraph, choice: &Choice, met: &[u32], hole_reach: &[
             }
         })
     })
+}
+
+/// Whether no completion of a program can resolve the unresolved class `b`: no hole reaches
+/// it through unresolved classes (`open_reach`'s relation, searched backwards from `b`).
+/// `is_hole` says which classes are holes.
+fn unreachable_from_holes(
+    x: &ExtractGraph,
+    choice: &Choice,
+    b: u32,
+    is_hole: impl Fn(u32) -> bool,
+    marks: &mut Marks,
+    stack: &mut Vec<u32>,
+) -> bool {
+    if is_hole(b) {
+        return false;
+    }
+    marks.clear();
+    marks.mark(b);
+    stack.clear();
+    stack.push(b);
+    while let Some(c) = stack.pop() {
+        for &p in &x.parents[c as usize] {
+            if choice[p as usize] != NONE || !marks.mark(p) {
+                continue;
+            }
+            if is_hole(p) {
+                return false;
+            }
+            stack.push(p);
+        }
+    }
+    true
 }
 
 /// For a tuple-typed class `t` picked as a reduction and not read whole, its component
@@ -2772,6 +2818,10 @@ impl Extractor {
         let mut picks: Vec<u32> = Vec::new();
         let mut sorted_picks: Vec<u32> = Vec::new();
         let mut hole_reach: Vec<u64> = Vec::new();
+        // Unresolved classes holding a `get` that a picked fused reduction needs (see the
+        // check before a child is pushed).
+        let mut needed: Vec<u32> = Vec::new();
+        let (mut back_marks, mut back_stack) = (Marks::new(classes), Vec::new());
         let mut pending: Vec<u32> = Vec::new();
         let mut region_scratch = RegionScratch::default();
         let all_reached: Vec<u64> = vec![u64::MAX; classes.div_ceil(64)];
@@ -3084,6 +3134,24 @@ impl Extractor {
                 add_cheapest(x, &mut base_union, *other);
             }
             let base_cost = hole_estimate(x, &s, &base_union);
+            needed.clear();
+            if self.prune_dead_components && self.settle_unreached {
+                for &t in met.iter() {
+                    if let Some((readers, first)) = readers_needed(x, &s, t) {
+                        needed.extend(
+                            readers
+                                .gets
+                                .iter()
+                                .skip(first)
+                                .flatten()
+                                .map(|(b, _)| *b)
+                                .filter(|b| s[*b as usize] == NONE && *b != h),
+                        );
+                    }
+                }
+                needed.sort_unstable();
+                needed.dedup();
+            }
             for &i in &options[h as usize] {
                 if required.is_some_and(|r| r != Ok(i)) {
                     dead_components += 1;
@@ -3178,6 +3246,57 @@ impl Extractor {
                         }
                     }
                     trail.push(((trail.len() - 1) as u32, k, only));
+                }
+                // A class holding a needed `get` that this child leaves unresolved and that no
+                // hole reaches through unresolved classes is never resolved: the component
+                // is dead in every completion, as the checks after the walk would find.
+                // Caught here, the child is neither pushed nor walked.
+                if !dead {
+                    let is_hole = |c: u32| {
+                        s[c as usize] == NONE && (visited[c as usize] || reached.contains(&c))
+                    };
+                    for &b in &needed {
+                        if s[b as usize] == NONE
+                            && unreachable_from_holes(
+                                x,
+                                &s,
+                                b,
+                                is_hole,
+                                &mut back_marks,
+                                &mut back_stack,
+                            )
+                        {
+                            dead = true;
+                            break;
+                        }
+                    }
+                    // The fused reductions this child picks: each component a reader needs
+                    // is read by the one `get` the e-graph holds for it.
+                    for &t in std::iter::once(&h).chain(&forced_picks) {
+                        if dead || !self.prune_dead_components || !self.settle_unreached {
+                            break;
+                        }
+                        let Some((readers, first)) = readers_needed(x, &s, t) else {
+                            continue;
+                        };
+                        dead = readers.gets.iter().skip(first).any(|g| match g {
+                            None => true,
+                            Some((b, j)) => match s[*b as usize] {
+                                NONE => unreachable_from_holes(
+                                    x,
+                                    &s,
+                                    *b,
+                                    is_hole,
+                                    &mut back_marks,
+                                    &mut back_stack,
+                                ),
+                                picked => picked != *j,
+                            },
+                        });
+                    }
+                    if dead {
+                        dead_components += 1;
+                    }
                 }
                 if !dead {
                     // The other holes' share less what this child resolves of it, plus
