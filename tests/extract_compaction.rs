@@ -391,6 +391,31 @@ fn default_and(name: &str, change: fn(Extractor) -> Extractor) -> [ExtractReport
     ]
 }
 
+/// A child whose new picks already doom it — a component of a fused reduction that no hole
+/// can still read, or a class computed although one view of a value the program computes
+/// could write it — is pruned before it is pushed, instead of after it is taken from the
+/// worklist and walked. That must change the walks only: with and without the checks before
+/// the push, the same classes and the same expanded states, and on each saturated workload
+/// fewer programs walked.
+#[test]
+fn checking_children_before_the_push_changes_only_the_walks() {
+    same_classes_no_more_work([
+        ("checking before the push", |e| e),
+        ("after the walk only", |e| e.with_checks_before_push(false)),
+    ]);
+    for name in SATURATED_WORKLOADS {
+        let [with, without] = default_and(name, |e| e.with_checks_before_push(false));
+        assert_eq!(with.expanded, without.expanded, "{name}: expanded states");
+        assert_eq!(with.distinct, without.distinct, "{name}: classes");
+        assert!(
+            with.walked < without.walked,
+            "{name}: walked {} with the checks before the push, {} without",
+            with.walked,
+            without.walked
+        );
+    }
+}
+
 /// A partial program whose resolved kernels already read each other's stored values in a
 /// cycle (or one reads what it writes) has no completion with a launch order, and is pruned
 /// before it is expanded. That must change the work only: with and without the pruning, the

@@ -119,6 +119,9 @@ pub struct ExtractReport {
     pub stop: ExtractStop,
     /// Partial programs taken from the worklist and expanded (not pruned).
     pub expanded: usize,
+    /// Programs taken from the worklist and walked: the expanded ones, the complete ones and
+    /// those the checks after the walk prune.
+    pub walked: usize,
     /// Complete candidates constructed.
     pub complete: usize,
     /// Complete programs rejected for having no kernel launch order.
@@ -2307,6 +2310,66 @@ fn computed_once(
     true
 }
 
+/// The failures of `computed_once` that a step's new picks (`new`: the branching pick and the
+/// picks unit propagation forced with it) make directly, without a walk: a new pick computes a
+/// tiled class that one view of a computed value could write, or computes the value that a
+/// view e-node of a resolved, computing tiled class reads. Each is exactly what
+/// `computed_once` refuses on the walked program (every pick of a program is in it, so
+/// "picked" is "resolved" here), restricted to a view that reads the value itself rather than
+/// through further views, and leaving out classes an associative chain may use as a mere
+/// link; what it misses, the check after the walk finds.
+fn computes_twice_directly(
+    x: &ExtractGraph,
+    choice: &Choice,
+    new: &[u32],
+    seen: &mut Marks,
+) -> bool {
+    // The computed value a view e-node reads directly, if it reads one (`source` for a
+    // resolved class).
+    let value_read = |alt: &Op, t: u32| -> bool {
+        let tu = t as usize;
+        let Some((n, _)) = x.op(t, choice) else {
+            return false;
+        };
+        if !class_tiled(x, t) {
+            !(x.constant[tu] || x.input[tu])
+        } else {
+            !is_view(&n.op) && matches!(alt, Op::Replicate(_))
+        }
+    };
+    // A resolved tiled class computed (not written as views) and not a chain's mere link.
+    let computing = |c: u32| {
+        x.op(c, choice)
+            .is_some_and(|(n, _)| class_tiled(x, c) && !is_view(&n.op) && !associative(&n.op))
+    };
+    for &c in new {
+        // The new pick computes `c` though a view of a computed value could write it.
+        if computing(c) {
+            for (alt, kids) in &x.nodes[c as usize] {
+                if is_view(&alt.op)
+                    && kids[0] != c
+                    && value_read(&alt.op, kids[0])
+                    && !reaches(x, choice, &kids[0..1], c, true, seen)
+                {
+                    return true;
+                }
+            }
+        }
+        // The new pick computes `c`, which a view e-node of a computing class reads.
+        for &(u, j) in &x.view_users[c as usize] {
+            let alt = &x.nodes[u as usize][j as usize].0.op;
+            if u != c
+                && computing(u)
+                && value_read(alt, c)
+                && !reaches(x, choice, &[c], u, true, seen)
+            {
+                return true;
+            }
+        }
+    }
+    false
+}
+
 /// What a view chain reads (`computed_once`).
 #[derive(Clone, Copy, PartialEq)]
 enum Source {
@@ -2622,6 +2685,11 @@ pub struct Extractor {
     /// Run `lowerable` on another thread while the search goes on (`LoweringQueue`); on by
     /// default, off only to show, in tests, that it changes neither candidates nor counts.
     pub background_lowering: bool,
+    /// Check a child for dead components and for computing a value twice where its new picks
+    /// decide it, before it is pushed, so that it is never walked (`computes_twice_directly`,
+    /// `unreachable_from_holes`): the same states pruned earlier. On by default; off only to
+    /// show, in tests, that it changes neither candidates nor expansions.
+    pub check_before_push: bool,
 }
 
 /// Where a long extraction stands: what a progress line shows.
@@ -2656,6 +2724,7 @@ impl Default for Extractor {
             unit_propagation: true,
             skip_operand_swaps: true,
             settle_unreached: true,
+            check_before_push: true,
             progress: None,
             no_pointwise_kernels: false,
             background_lowering: true,
@@ -2733,6 +2802,11 @@ impl Extractor {
 
     pub fn with_unreached_settled(mut self, on: bool) -> Self {
         self.settle_unreached = on;
+        self
+    }
+
+    pub fn with_checks_before_push(mut self, on: bool) -> Self {
+        self.check_before_push = on;
         self
     }
 
@@ -2822,6 +2896,7 @@ impl Extractor {
         // check before a child is pushed).
         let mut needed: Vec<u32> = Vec::new();
         let (mut back_marks, mut back_stack) = (Marks::new(classes), Vec::new());
+        let mut twice_seen = Marks::new(classes);
         let mut pending: Vec<u32> = Vec::new();
         let mut region_scratch = RegionScratch::default();
         let all_reached: Vec<u64> = vec![u64::MAX; classes.div_ceil(64)];
@@ -3135,7 +3210,7 @@ impl Extractor {
             }
             let base_cost = hole_estimate(x, &s, &base_union);
             needed.clear();
-            if self.prune_dead_components && self.settle_unreached {
+            if self.prune_dead_components && self.settle_unreached && self.check_before_push {
                 for &t in met.iter() {
                     if let Some((readers, first)) = readers_needed(x, &s, t) {
                         needed.extend(
@@ -3251,7 +3326,10 @@ impl Extractor {
                 // hole reaches through unresolved classes is never resolved: the component
                 // is dead in every completion, as the checks after the walk would find.
                 // Caught here, the child is neither pushed nor walked.
-                if !dead {
+                let needed_off = !(self.prune_dead_components
+                    && self.settle_unreached
+                    && self.check_before_push);
+                if !dead && !needed_off {
                     let is_hole = |c: u32| {
                         s[c as usize] == NONE && (visited[c as usize] || reached.contains(&c))
                     };
@@ -3273,7 +3351,7 @@ impl Extractor {
                     // The fused reductions this child picks: each component a reader needs
                     // is read by the one `get` the e-graph holds for it.
                     for &t in std::iter::once(&h).chain(&forced_picks) {
-                        if dead || !self.prune_dead_components || !self.settle_unreached {
+                        if dead || needed_off {
                             break;
                         }
                         let Some((readers, first)) = readers_needed(x, &s, t) else {
@@ -3296,6 +3374,14 @@ impl Extractor {
                     }
                     if dead {
                         dead_components += 1;
+                    }
+                }
+                if !dead && self.check_before_push {
+                    forced_picks.push(h);
+                    dead = computes_twice_directly(x, &s, &forced_picks, &mut twice_seen);
+                    forced_picks.pop();
+                    if dead {
+                        recomputed += 1;
                     }
                 }
                 if !dead {
@@ -3350,6 +3436,7 @@ impl Extractor {
         ExtractReport {
             stop,
             expanded,
+            walked: taken,
             complete,
             rejected,
             no_launch_order,

@@ -240,6 +240,7 @@ impl Pass for ExtractPass {
                 "egraph": g.name,
                 "compaction": format!("{:?}", self.compaction).to_lowercase(),
                 "expanded_states": report.expanded,
+                "walked_states": report.walked,
                 "complete_candidates": report.complete,
                 "rejected_no_launch_order": report.rejected,
                 "pruned_over_max_kernels": report.over_kernels,
