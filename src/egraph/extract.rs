@@ -1643,6 +1643,24 @@ fn unreachable_from_holes(
     true
 }
 
+/// Adds to `out` the unresolved classes holding the `get` of a component that a fused
+/// reduction among `met` needs read.
+fn unread_components(x: &ExtractGraph, choice: &Choice, met: &[u32], out: &mut Vec<u32>) {
+    for &t in met {
+        if let Some((readers, first)) = readers_needed(x, choice, t) {
+            out.extend(
+                readers
+                    .gets
+                    .iter()
+                    .skip(first)
+                    .flatten()
+                    .map(|(b, _)| *b)
+                    .filter(|b| choice[*b as usize] == NONE),
+            );
+        }
+    }
+}
+
 /// For a tuple-typed class `t` picked as a reduction and not read whole, its component
 /// readers and the first component that needs one (`dead_component`).
 fn readers_needed<'x>(
@@ -2985,19 +3003,7 @@ impl Extractor {
                 HoleOrder::FewestNodes => {
                     // Components of picked fused reductions still unread.
                     pending.clear();
-                    for &t in met.iter() {
-                        if let Some((readers, first)) = readers_needed(x, &s, t) {
-                            pending.extend(
-                                readers
-                                    .gets
-                                    .iter()
-                                    .skip(first)
-                                    .flatten()
-                                    .map(|(b, _)| *b)
-                                    .filter(|b| s[*b as usize] == NONE),
-                            );
-                        }
-                    }
+                    unread_components(x, &s, met, &mut pending);
                     let reaches_pending = |h: u32| {
                         pending.iter().any(|b| {
                             let b = *b as usize;
@@ -3211,19 +3217,8 @@ impl Extractor {
             let base_cost = hole_estimate(x, &s, &base_union);
             needed.clear();
             if self.prune_dead_components && self.settle_unreached && self.check_before_push {
-                for &t in met.iter() {
-                    if let Some((readers, first)) = readers_needed(x, &s, t) {
-                        needed.extend(
-                            readers
-                                .gets
-                                .iter()
-                                .skip(first)
-                                .flatten()
-                                .map(|(b, _)| *b)
-                                .filter(|b| s[*b as usize] == NONE && *b != h),
-                        );
-                    }
-                }
+                unread_components(x, &s, met, &mut needed);
+                needed.retain(|b| *b != h);
                 needed.sort_unstable();
                 needed.dedup();
             }
