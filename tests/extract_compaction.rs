@@ -81,7 +81,7 @@ fn forms(x: &ExtractGraph, extractor: Extractor, what: &str) -> (Vec<String>, us
     let forms = report
         .candidates
         .iter()
-        .map(|c| canonical_text(x, &c.choice))
+        .map(|c| canonical_text(x, &c.choice()))
         .collect();
     (forms, report.expanded)
 }
@@ -508,7 +508,7 @@ fn a_stored_value_is_never_recomputed() {
         assert_eq!(report.stop, ExtractStop::Exhausted);
         let (mut stored, mut recomputed) = (0, 0);
         for c in &report.candidates {
-            let mut f = efopt::egraph::extract::reconstruct(&x, &c.choice, "once");
+            let mut f = efopt::egraph::extract::reconstruct(&x, &c.choice(), "once");
             efopt::egraph::extract::summarize(&mut f);
             let printed =
                 efopt::ir::print::print_function(&f, efopt::ir::print::PrintOptions::default());
@@ -549,7 +549,7 @@ fn only_form(g: &TypedEGraph, extractor: &Extractor, text: &str) -> String {
     let x = ExtractGraph::new(g).expect("extractable");
     let report = extractor.run(&x);
     assert_eq!(report.candidates.len(), 1, "{text}");
-    canonical_text(&x, &report.candidates[0].choice)
+    canonical_text(&x, &report.candidates[0].choice())
 }
 
 /// Ways of writing the same kernel are one class: a transposed loaded tile and the load of
@@ -651,7 +651,7 @@ fn refused_candidates_are_counted_and_not_output() {
     let g = saturated_example("rowsum", 30);
     let x = ExtractGraph::new(&g).expect("extractable");
     let kernels = |c: &efopt::egraph::extract::Candidate| {
-        let mut f = efopt::egraph::extract::reconstruct(&x, &c.choice, "f");
+        let mut f = efopt::egraph::extract::reconstruct(&x, &c.choice(), "f");
         efopt::egraph::extract::summarize(&mut f).kernels
     };
     let all = Extractor::default().run(&x);
@@ -659,7 +659,7 @@ fn refused_candidates_are_counted_and_not_output() {
         .candidates
         .iter()
         .filter(|c| kernels(c) == 1)
-        .map(|c| canonical_text(&x, &c.choice))
+        .map(|c| canonical_text(&x, &c.choice()))
         .collect();
     assert!(!single.is_empty() && single.len() < all.candidates.len());
     let refusing = Extractor::default().with_lowerable(std::sync::Arc::new(|f| {
@@ -673,7 +673,7 @@ fn refused_candidates_are_counted_and_not_output() {
     let kept: BTreeSet<String> = report
         .candidates
         .iter()
-        .map(|c| canonical_text(&x, &c.choice))
+        .map(|c| canonical_text(&x, &c.choice()))
         .collect();
     assert_eq!(kept, single);
     assert!(report.not_lowerable > 0);
@@ -751,11 +751,11 @@ fn dropping_pointwise_kernels_refuses_exactly_the_programs_that_have_one() {
             .candidates
             .iter()
             .map(|c| {
-                let mut f = efopt::egraph::extract::reconstruct(&x, &c.choice, "f");
+                let mut f = efopt::egraph::extract::reconstruct(&x, &c.choice(), "f");
                 efopt::egraph::extract::summarize(&mut f);
                 let text =
                     efopt::ir::print::print_function(&f, efopt::ir::print::PrintOptions::default());
-                (canonical_text(&x, &c.choice), text)
+                (canonical_text(&x, &c.choice()), text)
             })
             .collect::<Vec<_>>()
     };
@@ -823,7 +823,7 @@ fn no_candidate_computes_a_fused_component_nobody_reads() {
         let report = extractor(&g, Compaction::Early).run(&x);
         assert_eq!(report.stop, ExtractStop::Exhausted);
         for c in &report.candidates {
-            let mut f = efopt::egraph::extract::reconstruct(&x, &c.choice, "f");
+            let mut f = efopt::egraph::extract::reconstruct(&x, &c.choice(), "f");
             efopt::egraph::extract::summarize(&mut f);
             let text =
                 efopt::ir::print::print_function(&f, efopt::ir::print::PrintOptions::default());
@@ -854,11 +854,8 @@ fn no_candidate_computes_a_fused_component_nobody_reads() {
 
 /// A run's output and counts, everything but its time.
 fn outcome(r: &ExtractReport) -> String {
-    let candidates: Vec<(&[u32], u64)> = r
-        .candidates
-        .iter()
-        .map(|c| (c.choice.as_slice(), c.cost))
-        .collect();
+    let candidates: Vec<(Vec<u32>, u64)> =
+        r.candidates.iter().map(|c| (c.choice(), c.cost)).collect();
     format!(
         "{:?} expanded {} complete {} rejected {} no-order {} over-kernels {} recomputed {} \
          pointwise {} forced {} dead {} equivalent {} not-lowerable {} {:?} distinct {} {:?}",

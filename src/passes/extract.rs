@@ -220,7 +220,7 @@ impl Pass for ExtractPass {
             let mut listed = Vec::new();
             for (i, c) in report.candidates.iter().enumerate() {
                 let name = format!("{}.c{i}", g.name);
-                let mut f = reconstruct(&x, &c.choice, &name);
+                let mut f = reconstruct(&x, &c.choice(), &name);
                 let summary = summarize(&mut f);
                 f.comment = Some(format!(
                     "candidate {i} of {total}: {}; estimated cost: {}",
