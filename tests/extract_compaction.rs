@@ -407,6 +407,10 @@ fn checking_children_before_the_push_changes_only_the_walks() {
         let [with, without] = default_and(name, |e| e.with_checks_before_push(false));
         assert_eq!(with.expanded, without.expanded, "{name}: expanded states");
         assert_eq!(with.distinct, without.distinct, "{name}: classes");
+        // Every expanded program and every complete one was walked first.
+        for r in [&with, &without] {
+            assert!(r.walked >= r.expanded + r.complete, "{name}: walked {}", r.walked);
+        }
         assert!(
             with.walked < without.walked,
             "{name}: walked {} with the checks before the push, {} without",

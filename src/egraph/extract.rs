@@ -695,11 +695,17 @@ fn hole_estimate(x: &ExtractGraph, choice: &Choice, union: &[u64]) -> u64 {
             let c = w * 64 + bits.trailing_zeros() as usize;
             bits &= bits - 1;
             if choice[c] == NONE {
-                total = total.saturating_add(x.pick_cost[c].first().copied().unwrap_or(0));
+                total = total.saturating_add(cheapest_pick(x, c as u32));
             }
         }
     }
     total
+}
+
+/// The pick cost of class `c`'s cheapest e-node (the first: e-nodes are sorted by their
+/// cheapest program's cost).
+fn cheapest_pick(x: &ExtractGraph, c: u32) -> u64 {
+    x.pick_cost[c as usize].first().copied().unwrap_or(0)
 }
 
 /// Adds the cheapest program of class `c` to `union`.
@@ -1619,22 +1625,34 @@ fn open_reach(
 /// over classes) never will be: no completion reads that component either. (A component that
 /// a repair-fused reduction only carries for the next, its first, needs no reader.)
 fn dead_component(x: &ExtractGraph, choice: &Choice, met: &[u32], hole_reach: &[u64]) -> bool {
-    met.iter().any(|&c| {
-        let Some((t, first)) = readers_needed(x, choice, c) else {
-            return false;
-        };
-        t.gets.iter().skip(first).any(|g| match g {
-            None => true,
-            Some((b, j)) => {
-                let b = *b as usize;
-                match choice[b] {
-                    NONE => hole_reach
-                        .get(b / 64)
-                        .is_some_and(|w| w >> (b % 64) & 1 == 0),
-                    picked => picked != *j,
-                }
-            }
-        })
+    let unreached = |b: u32| {
+        let b = b as usize;
+        hole_reach
+            .get(b / 64)
+            .is_some_and(|w| w >> (b % 64) & 1 == 0)
+    };
+    met.iter()
+        .any(|&t| leaves_component_dead(x, choice, t, unreached))
+}
+
+/// Whether class `t`, as picked, is a fused reduction one of whose needed components no
+/// completion reads: the class holding its `get` picked another e-node, or is unresolved and
+/// `unreached` (no hole can resolve it), or no e-node reads it at all.
+fn leaves_component_dead(
+    x: &ExtractGraph,
+    choice: &Choice,
+    t: u32,
+    mut unreached: impl FnMut(u32) -> bool,
+) -> bool {
+    let Some((readers, first)) = readers_needed(x, choice, t) else {
+        return false;
+    };
+    readers.gets.iter().skip(first).any(|g| match g {
+        None => true,
+        Some((b, j)) => match choice[*b as usize] {
+            NONE => unreached(*b),
+            picked => picked != *j,
+        },
     })
 }
 
@@ -2948,6 +2966,8 @@ impl Extractor {
         let (mut open, mut open_stack): (Vec<u64>, Vec<u32>) = (Vec::new(), Vec::new());
         let mut stop = ExtractStop::Exhausted;
         let mut taken = 0usize;
+        // Programs taken and walked (`taken` also counts the one a limit stopped at).
+        let mut walked = 0usize;
         let mut over_kernels = 0usize;
         let mut recomputed = 0usize;
         let mut pointwise_kernels = 0usize;
@@ -3000,6 +3020,7 @@ impl Extractor {
                     });
                 }
             }
+            walked += 1;
             // Only the last program's picks are set: clearing them clears `s`.
             for &c in &picks {
                 s[c as usize] = NONE;
@@ -3372,28 +3393,19 @@ impl Extractor {
                     }
                     // The fused reductions this child picks: each component a reader needs
                     // is read by the one `get` the e-graph holds for it.
-                    for &t in std::iter::once(&h).chain(&forced_picks) {
-                        if dead || needed_off {
-                            break;
-                        }
-                        let Some((readers, first)) = readers_needed(x, &s, t) else {
-                            continue;
-                        };
-                        dead = readers.gets.iter().skip(first).any(|g| match g {
-                            None => true,
-                            Some((b, j)) => match s[*b as usize] {
-                                NONE => unreachable_from_holes(
+                    dead = dead
+                        || std::iter::once(&h).chain(&forced_picks).any(|&t| {
+                            leaves_component_dead(x, &s, t, |b| {
+                                unreachable_from_holes(
                                     x,
                                     &s,
-                                    *b,
+                                    b,
                                     is_hole,
                                     &mut back_marks,
                                     &mut back_stack,
-                                ),
-                                picked => picked != *j,
-                            },
+                                )
+                            })
                         });
-                    }
                     if dead {
                         dead_components += 1;
                     }
@@ -3413,9 +3425,7 @@ impl Extractor {
                     let resolved = std::iter::once(h)
                         .chain(forced_picks.iter().copied())
                         .filter(|c| in_base(*c))
-                        .fold(0u64, |t, c| {
-                            t.saturating_add(x.pick_cost[c as usize].first().copied().unwrap_or(0))
-                        });
+                        .fold(0u64, |t, c| t.saturating_add(cheapest_pick(x, c)));
                     union.fill(0);
                     for k in reached.iter().filter(|k| s[**k as usize] == NONE) {
                         add_cheapest(x, &mut union, *k);
@@ -3458,7 +3468,7 @@ impl Extractor {
         ExtractReport {
             stop,
             expanded,
-            walked: taken,
+            walked,
             complete,
             rejected,
             no_launch_order,
