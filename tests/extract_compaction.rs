@@ -409,7 +409,11 @@ fn checking_children_before_the_push_changes_only_the_walks() {
         assert_eq!(with.distinct, without.distinct, "{name}: classes");
         // Every expanded program and every complete one was walked first.
         for r in [&with, &without] {
-            assert!(r.walked >= r.expanded + r.complete, "{name}: walked {}", r.walked);
+            assert!(
+                r.walked >= r.expanded + r.complete,
+                "{name}: walked {}",
+                r.walked
+            );
         }
         assert!(
             with.walked < without.walked,
