@@ -383,12 +383,14 @@ fn same_classes_less_work_everywhere(configs: [Config; 2]) {
 /// Reports of early compaction on a fully saturated example: as configured by default, and
 /// with one change.
 fn default_and(name: &str, change: fn(Extractor) -> Extractor) -> [ExtractReport; 2] {
+    configured(name, [|e| e, change])
+}
+
+/// Reports of early compaction on a fully saturated example, configured two ways.
+fn configured(name: &str, configure: [fn(Extractor) -> Extractor; 2]) -> [ExtractReport; 2] {
     let g = saturated_example(name, 30);
     let x = ExtractGraph::new(&g).expect("extractable");
-    [
-        extractor(&g, Compaction::Early).run(&x),
-        change(extractor(&g, Compaction::Early)).run(&x),
-    ]
+    configure.map(|change| change(extractor(&g, Compaction::Early)).run(&x))
 }
 
 /// A child whose new picks already doom it — a component of a fused reduction that no hole
@@ -397,14 +399,24 @@ fn default_and(name: &str, change: fn(Extractor) -> Extractor) -> [ExtractReport
 /// worklist and walked. That must change the walks only: with and without the checks before
 /// the push, the same classes and the same expanded states, and on each saturated workload
 /// fewer programs walked.
+/// (The lookahead into newly reached classes, which does change the expanded states, is off
+/// on both sides: `looking_ahead_into_new_holes_expands_fewer_states`.)
 #[test]
 fn checking_children_before_the_push_changes_only_the_walks() {
     same_classes_no_more_work([
-        ("checking before the push", |e| e),
+        ("checking before the push", |e| {
+            e.with_new_hole_lookahead(false)
+        }),
         ("after the walk only", |e| e.with_checks_before_push(false)),
     ]);
     for name in SATURATED_WORKLOADS {
-        let [with, without] = default_and(name, |e| e.with_checks_before_push(false));
+        let [with, without] = configured(
+            name,
+            [
+                |e| e.with_new_hole_lookahead(false),
+                |e| e.with_checks_before_push(false),
+            ],
+        );
         assert_eq!(with.expanded, without.expanded, "{name}: expanded states");
         assert_eq!(with.distinct, without.distinct, "{name}: classes");
         // Every expanded program and every complete one was walked first.
@@ -422,6 +434,22 @@ fn checking_children_before_the_push_changes_only_the_walks() {
             without.walked
         );
     }
+}
+
+/// Unit propagation tests each e-node of a class a child newly reaches with the checks
+/// before the push as well: an e-node that would be a fused reduction with a component no
+/// hole can reach, or that would compute a value twice, is not viable. A class left with one
+/// viable e-node is forced and one left with none ends the child, so a child whose every
+/// branch dies one pick later is never walked or expanded. Same classes, and strictly fewer
+/// expanded states on every saturated workload.
+#[test]
+fn looking_ahead_into_new_holes_expands_fewer_states() {
+    same_classes_less_work_everywhere([
+        ("looking ahead", |e| e),
+        ("without the lookahead", |e| {
+            e.with_new_hole_lookahead(false)
+        }),
+    ]);
 }
 
 /// A partial program whose resolved kernels already read each other's stored values in a

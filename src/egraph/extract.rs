@@ -1658,17 +1658,25 @@ fn leaves_component_dead(
 
 /// Whether no completion of a program can resolve the unresolved class `b`: no hole reaches
 /// it through unresolved classes (`open_reach`'s relation, searched backwards from `b`).
-/// `is_hole` says which classes are holes.
+/// `is_hole` says which classes are holes. `within` (a bitset over classes) holds every
+/// unresolved class a hole reaches, or more: an earlier program's `open_reach`, which picks
+/// since then only shrink. The search stays inside it, which on a large e-graph keeps it off
+/// the many classes outside the program.
 fn unreachable_from_holes(
     x: &ExtractGraph,
     choice: &Choice,
     b: u32,
     is_hole: impl Fn(u32) -> bool,
+    within: &[u64],
     marks: &mut Marks,
     stack: &mut Vec<u32>,
 ) -> bool {
+    let inside = |c: u32| within[c as usize / 64] >> (c % 64) & 1 == 1;
     if is_hole(b) {
         return false;
+    }
+    if !inside(b) {
+        return true;
     }
     marks.clear();
     marks.mark(b);
@@ -1676,7 +1684,7 @@ fn unreachable_from_holes(
     stack.push(b);
     while let Some(c) = stack.pop() {
         for &p in &x.parents[c as usize] {
-            if choice[p as usize] != NONE || !marks.mark(p) {
+            if choice[p as usize] != NONE || !inside(p) || !marks.mark(p) {
                 continue;
             }
             if is_hole(p) {
@@ -2753,6 +2761,12 @@ pub struct Extractor {
     /// `unreachable_from_holes`): the same states pruned earlier. On by default; off only to
     /// show, in tests, that it changes neither candidates nor expansions.
     pub check_before_push: bool,
+    /// With the checks before the push, apply them also to each e-node of a class the child
+    /// newly reaches (the unit propagation's viability test), so that a class left with one
+    /// e-node that passes them is forced and one left with none ends the child. Unlike the
+    /// checks on the child's own picks, this prunes programs one pick deeper, so it changes
+    /// the expanded states, never the classes. On by default; off to measure it.
+    pub new_hole_lookahead: bool,
 }
 
 /// Where a long extraction stands: what a progress line shows.
@@ -2788,6 +2802,7 @@ impl Default for Extractor {
             skip_operand_swaps: true,
             settle_unreached: true,
             check_before_push: true,
+            new_hole_lookahead: true,
             progress: None,
             no_pointwise_kernels: false,
             background_lowering: true,
@@ -2870,6 +2885,11 @@ impl Extractor {
 
     pub fn with_checks_before_push(mut self, on: bool) -> Self {
         self.check_before_push = on;
+        self
+    }
+
+    pub fn with_new_hole_lookahead(mut self, on: bool) -> Self {
+        self.new_hole_lookahead = on;
         self
     }
 
@@ -2975,6 +2995,8 @@ impl Extractor {
         let mut equivalent = 0usize;
         let mut forced = 0usize;
         let (mut reached, mut forced_picks): (Vec<u32>, Vec<u32>) = (Vec::new(), Vec::new());
+        // `reached` as a set: the hole tests below ask it once per class searched.
+        let mut in_reached = Marks::new(classes);
         // Progress reports start after one second, then every quarter second.
         let mut next_report = Duration::from_secs(1);
         // The e-nodes each class branches on (see `ExtractGraph::unswapped`): after and none
@@ -3290,8 +3312,9 @@ impl Extractor {
                 // other holes and of each child class that becomes a new hole, once each.
                 let mut child = cost.saturating_add(x.pick_cost[h as usize][i as usize]);
                 reached.clear();
+                in_reached.clear();
                 for k in kids {
-                    if !visited[*k as usize] && *k != h && !reached.contains(k) {
+                    if !visited[*k as usize] && *k != h && in_reached.mark(*k) {
                         reached.push(*k);
                     }
                 }
@@ -3305,6 +3328,8 @@ impl Extractor {
                 s[h as usize] = i;
                 let mut dead = false;
                 let mut next = 0;
+                let lookahead = self.check_before_push && self.new_hole_lookahead;
+                let check_dead = lookahead && self.prune_dead_components && self.settle_unreached;
                 while let Some(&k) = reached.get(next).filter(|_| self.unit_propagation) {
                     next += 1;
                     // `reached` holds each class once, none of them picked (picks are reachable).
@@ -3323,16 +3348,45 @@ impl Extractor {
                             // Forced too: a class all of whose e-nodes but one would close a
                             // cycle or partition a computed tile (or put a partition above
                             // one), failures no later pick undoes; with none left, no
-                            // completion resolves it.
+                            // completion resolves it. With the checks before the push, also
+                            // an e-node that would be pruned as this child's own pick: a
+                            // fused reduction with a component no hole can reach, or
+                            // computing a value twice. Those failures are final too (picks
+                            // only remove paths), and catching them here saves a walk of
+                            // the child on every branch that dies one pick later.
                             let mut viable = many.iter().copied().filter(|&j| {
                                 let grandkids = &x.nodes[k as usize][j as usize].1;
                                 if reaches(x, &s, grandkids, k, false, &mut scratch) {
                                     return false;
                                 }
                                 s[k as usize] = j;
-                                let lowerable = loads_only_after_pick(x, &s, k);
+                                let mut viable = loads_only_after_pick(x, &s, k);
+                                if viable && check_dead {
+                                    // Holes once `k` picks `j`: the walk's, those this child
+                                    // reached so far and `j`'s operands.
+                                    let is_hole = |c: u32| {
+                                        s[c as usize] == NONE
+                                            && (visited[c as usize]
+                                                || in_reached.contains(c)
+                                                || grandkids.contains(&c))
+                                    };
+                                    viable = !leaves_component_dead(x, &s, k, |b| {
+                                        unreachable_from_holes(
+                                            x,
+                                            &s,
+                                            b,
+                                            is_hole,
+                                            &open,
+                                            &mut back_marks,
+                                            &mut back_stack,
+                                        )
+                                    });
+                                }
+                                if viable && lookahead {
+                                    viable = !computes_twice_directly(x, &s, &[k], &mut twice_seen);
+                                }
                                 s[k as usize] = NONE;
-                                lowerable
+                                viable
                             });
                             match (viable.next(), viable.next()) {
                                 (Some(j), None) => j,
@@ -3359,7 +3413,7 @@ impl Extractor {
                     }
                     child = child.saturating_add(x.pick_cost[k as usize][only as usize]);
                     for g in grandkids {
-                        if !visited[*g as usize] && *g != h && !reached.contains(g) {
+                        if !visited[*g as usize] && *g != h && in_reached.mark(*g) {
                             reached.push(*g);
                         }
                     }
@@ -3374,7 +3428,7 @@ impl Extractor {
                     && self.check_before_push);
                 if !dead && !needed_off {
                     let is_hole = |c: u32| {
-                        s[c as usize] == NONE && (visited[c as usize] || reached.contains(&c))
+                        s[c as usize] == NONE && (visited[c as usize] || in_reached.contains(c))
                     };
                     for &b in &needed {
                         if s[b as usize] == NONE
@@ -3383,6 +3437,7 @@ impl Extractor {
                                 &s,
                                 b,
                                 is_hole,
+                                &open,
                                 &mut back_marks,
                                 &mut back_stack,
                             )
@@ -3401,6 +3456,7 @@ impl Extractor {
                                     &s,
                                     b,
                                     is_hole,
+                                    &open,
                                     &mut back_marks,
                                     &mut back_stack,
                                 )
