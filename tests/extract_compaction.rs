@@ -971,3 +971,41 @@ fn lowering_in_the_background_changes_nothing_but_the_time() {
     // The runs reach refusals, the kernel bound and the candidate limit.
     assert!(refused > 0 && over_kernels > 0 && limited > 0);
 }
+
+/// Building the output functions of a long run takes memory of its own, so the `extract`
+/// pass asks its memory limit before each one (`candidate_functions`). Once the limit is
+/// hit, the rest are left out: the output is the first candidates, exactly as an unlimited
+/// output has them, numbered and counted among themselves.
+#[test]
+fn the_output_stops_at_the_memory_limit_keeping_the_first_candidates() {
+    use efopt::passes::extract::candidate_functions;
+    let g = saturated_example("gated_mlp", 30);
+    let x = ExtractGraph::new(&g).expect("extractable");
+    let report = extractor(&g, Compaction::Early).run(&x);
+    let all = candidate_functions(&x, "gated_mlp", &report.candidates, || false);
+    assert_eq!(all.functions.len(), report.candidates.len());
+    assert!(all.functions.len() > 10, "{}", all.functions.len());
+    // Over the limit from the eleventh candidate on.
+    let mut asked = 0;
+    let first = candidate_functions(&x, "gated_mlp", &report.candidates, || {
+        asked += 1;
+        asked > 10
+    });
+    assert_eq!(first.functions.len(), 10);
+    assert_eq!(first.listed.len(), 10);
+    for (i, (f, g)) in first.functions.iter().zip(&all.functions).enumerate() {
+        let text = |f: &efopt::ir::Function| {
+            let f = efopt::ir::Function {
+                comment: None,
+                ..f.clone()
+            };
+            efopt::ir::print::print_function(&f, efopt::ir::print::PrintOptions::default())
+        };
+        assert_eq!(text(f), text(g), "candidate {i}");
+        let comment = f.comment.as_deref().unwrap_or_default();
+        assert!(
+            comment.starts_with(&format!("candidate {i} of 10: ")),
+            "{comment}"
+        );
+    }
+}

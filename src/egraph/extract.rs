@@ -3815,7 +3815,7 @@ impl Drop for LoweringQueue<'_> {
 
 /// The process's resident memory in MiB (`VmRSS` of `/proc/self/status`), where the system
 /// reports it.
-fn resident_mib() -> Option<usize> {
+pub fn resident_mib() -> Option<usize> {
     proc_mib("/proc/self/status", "VmRSS:")
 }
 
