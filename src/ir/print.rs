@@ -397,17 +397,19 @@ pub fn print_egraph(g: &EGraphDump) -> String {
 }
 
 pub fn print_module(m: &Module, opts: PrintOptions) -> String {
-    let mut parts = Vec::new();
-    for r in &m.reducers {
-        parts.push(print_reducer(r, opts));
+    // Appended one item at a time rather than joined: a module of an extraction's candidates
+    // can print to hundreds of megabytes, and the parts and their join held it twice.
+    let mut out = String::new();
+    let parts = (m.reducers.iter().map(|r| print_reducer(r, opts)))
+        .chain(m.funcs.iter().map(|f| print_function(f, opts)))
+        .chain(m.egraphs.iter().map(print_egraph));
+    for (i, part) in parts.enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        out.push_str(&part);
     }
-    for f in &m.funcs {
-        parts.push(print_function(f, opts));
-    }
-    for g in &m.egraphs {
-        parts.push(print_egraph(g));
-    }
-    parts.join("\n")
+    out
 }
 
 #[cfg(test)]
