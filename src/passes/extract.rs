@@ -228,22 +228,17 @@ impl Pass for ExtractPass {
                     })
             };
             let output = candidate_functions(&x, &g.name, &report.candidates, over_memory);
-            if output.functions.len() < total {
+            let output_stop = (output.functions.len() < total).then(|| {
+                let limit = self.max_memory.unwrap_or_default();
                 cx.diagnostics.push(Diagnostic::global(
                     Severity::Remark,
                     format!(
-                        "extract @{}: output stopped at the memory limit ({} MiB): the first {} of {total} candidates are output",
+                        "extract @{}: output stopped at the memory limit ({limit} MiB): the first {} of {total} candidates are output",
                         g.name,
-                        self.max_memory.unwrap_or_default(),
                         output.functions.len()
                     ),
                 ));
-            }
-            let output_stop = (output.functions.len() < total).then(|| {
-                format!(
-                    "memory limit ({} MiB) reached",
-                    self.max_memory.unwrap_or_default()
-                )
+                format!("memory limit ({limit} MiB) reached")
             });
             let output_count = output.functions.len();
             funcs.extend(output.functions);
