@@ -1696,6 +1696,22 @@ fn unreachable_from_holes(
     true
 }
 
+/// `leaves_component_dead` judged before the push: a needed component's unresolved `get`
+/// class is dead when no hole reaches it (`unreachable_from_holes`).
+fn leaves_component_unreachable(
+    x: &ExtractGraph,
+    choice: &Choice,
+    t: u32,
+    is_hole: impl Fn(u32) -> bool,
+    within: &[u64],
+    marks: &mut Marks,
+    stack: &mut Vec<u32>,
+) -> bool {
+    leaves_component_dead(x, choice, t, |b| {
+        unreachable_from_holes(x, choice, b, &is_hole, within, marks, stack)
+    })
+}
+
 /// Adds to `out` the unresolved classes holding the `get` of a component that a fused
 /// reduction among `met` needs read.
 fn unread_components(x: &ExtractGraph, choice: &Choice, met: &[u32], out: &mut Vec<u32>) {
@@ -2997,6 +3013,11 @@ impl Extractor {
         let (mut reached, mut forced_picks): (Vec<u32>, Vec<u32>) = (Vec::new(), Vec::new());
         // `reached` as a set: the hole tests below ask it once per class searched.
         let mut in_reached = Marks::new(classes);
+        // The checks before the push: for dead components they need the classes no hole
+        // reaches settled (`open`); the lookahead applies them to newly reached classes too.
+        let dead_before_push =
+            self.prune_dead_components && self.settle_unreached && self.check_before_push;
+        let lookahead = self.check_before_push && self.new_hole_lookahead;
         // Progress reports start after one second, then every quarter second.
         let mut next_report = Duration::from_secs(1);
         // The e-nodes each class branches on (see `ExtractGraph::unswapped`): after and none
@@ -3286,7 +3307,7 @@ impl Extractor {
             }
             let base_cost = hole_estimate(x, &s, &base_union);
             needed.clear();
-            if self.prune_dead_components && self.settle_unreached && self.check_before_push {
+            if dead_before_push {
                 unread_components(x, &s, met, &mut needed);
                 needed.retain(|b| *b != h);
                 needed.sort_unstable();
@@ -3328,8 +3349,6 @@ impl Extractor {
                 s[h as usize] = i;
                 let mut dead = false;
                 let mut next = 0;
-                let lookahead = self.check_before_push && self.new_hole_lookahead;
-                let check_dead = lookahead && self.prune_dead_components && self.settle_unreached;
                 while let Some(&k) = reached.get(next).filter(|_| self.unit_propagation) {
                     next += 1;
                     // `reached` holds each class once, none of them picked (picks are reachable).
@@ -3361,7 +3380,7 @@ impl Extractor {
                                 }
                                 s[k as usize] = j;
                                 let mut viable = loads_only_after_pick(x, &s, k);
-                                if viable && check_dead {
+                                if viable && lookahead && dead_before_push {
                                     // Holes once `k` picks `j`: the walk's, those this child
                                     // reached so far and `j`'s operands.
                                     let is_hole = |c: u32| {
@@ -3370,17 +3389,15 @@ impl Extractor {
                                                 || in_reached.contains(c)
                                                 || grandkids.contains(&c))
                                     };
-                                    viable = !leaves_component_dead(x, &s, k, |b| {
-                                        unreachable_from_holes(
-                                            x,
-                                            &s,
-                                            b,
-                                            is_hole,
-                                            &open,
-                                            &mut back_marks,
-                                            &mut back_stack,
-                                        )
-                                    });
+                                    viable = !leaves_component_unreachable(
+                                        x,
+                                        &s,
+                                        k,
+                                        is_hole,
+                                        &open,
+                                        &mut back_marks,
+                                        &mut back_stack,
+                                    );
                                 }
                                 if viable && lookahead {
                                     viable = !computes_twice_directly(x, &s, &[k], &mut twice_seen);
@@ -3423,10 +3440,7 @@ impl Extractor {
                 // hole reaches through unresolved classes is never resolved: the component
                 // is dead in every completion, as the checks after the walk would find.
                 // Caught here, the child is neither pushed nor walked.
-                let needed_off = !(self.prune_dead_components
-                    && self.settle_unreached
-                    && self.check_before_push);
-                if !dead && !needed_off {
+                if !dead && dead_before_push {
                     let is_hole = |c: u32| {
                         s[c as usize] == NONE && (visited[c as usize] || in_reached.contains(c))
                     };
@@ -3450,17 +3464,15 @@ impl Extractor {
                     // is read by the one `get` the e-graph holds for it.
                     dead = dead
                         || std::iter::once(&h).chain(&forced_picks).any(|&t| {
-                            leaves_component_dead(x, &s, t, |b| {
-                                unreachable_from_holes(
-                                    x,
-                                    &s,
-                                    b,
-                                    is_hole,
-                                    &open,
-                                    &mut back_marks,
-                                    &mut back_stack,
-                                )
-                            })
+                            leaves_component_unreachable(
+                                x,
+                                &s,
+                                t,
+                                is_hole,
+                                &open,
+                                &mut back_marks,
+                                &mut back_stack,
+                            )
                         });
                     if dead {
                         dead_components += 1;
