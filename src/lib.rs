@@ -10,8 +10,21 @@
 #[global_allocator]
 static ALLOCATOR: alloc::Mimalloc = alloc::Mimalloc;
 
+/// Returns the memory freed so far to the system, so that the resident size the memory limits
+/// read counts what is live: mimalloc keeps freed pages for reuse, and after a search that
+/// stopped at `max-memory` the output would otherwise find the limit already reached.
+pub fn release_free_memory() {
+    // SAFETY: `mi_collect` only walks the allocator's own free lists.
+    unsafe { alloc::mi_collect(true) }
+}
+
 mod alloc {
     use libmimalloc_sys as mi;
+
+    // In the linked mimalloc, declared by `libmimalloc-sys` only under its `extended` feature.
+    extern "C" {
+        pub fn mi_collect(force: bool);
+    }
     use std::alloc::{GlobalAlloc, Layout};
     use std::ffi::c_void;
 

@@ -6,7 +6,7 @@ mod expect;
 mod pipeline;
 
 use crate::diag::{Diagnostic, Severity, SourceMap};
-use crate::ir::print::{print_module, PrintOptions};
+use crate::ir::print::{print_module, write_module, PrintOptions};
 use crate::ir::{Binding, Module};
 use crate::passes::{registry, PassContext};
 use std::io::{IsTerminal, Write};
@@ -215,9 +215,35 @@ pub fn list_rules() -> String {
 
 /// The result of processing one input chunk.
 struct ChunkOutcome {
-    output: String,
+    output: ChunkOutput,
     diagnostics: Vec<Diagnostic>,
     failed: bool,
+}
+
+/// What a chunk writes to the output: a backend's code, or the module, printed only as it is
+/// written so that its text is never held whole.
+enum ChunkOutput {
+    Code(String),
+    Module(Module),
+}
+
+impl ChunkOutput {
+    fn none() -> ChunkOutput {
+        ChunkOutput::Code(String::new())
+    }
+
+    fn write(&self, w: &mut impl Write, opts: &Options) -> std::io::Result<()> {
+        match self {
+            ChunkOutput::Code(code) => w.write_all(code.as_bytes()),
+            ChunkOutput::Module(m) => write_module(
+                w,
+                m,
+                PrintOptions {
+                    types: opts.print_types,
+                },
+            ),
+        }
+    }
 }
 
 struct Timing {
@@ -313,12 +339,22 @@ pub fn run(args: &[String]) -> i32 {
     } else {
         vec![(0, text.len())]
     };
-    let mut outputs = Vec::new();
+    let mut sink: Box<dyn Write> = match &opts.output {
+        Some(path) => match std::fs::File::create(path) {
+            Ok(file) => Box::new(std::io::BufWriter::new(file)),
+            Err(e) => {
+                eprintln!("error: cannot write `{path}`: {e}");
+                return 1;
+            }
+        },
+        None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
+    };
+    let mut write_failed = None;
     let mut exit = 0;
     let mut timing = Timing { rows: Vec::new() };
     let mut stats = Vec::new();
     let separated = chunks.len() > 1;
-    for (start, end) in chunks {
+    for (index, (start, end)) in chunks.into_iter().enumerate() {
         // Other chunks are blanked (newlines kept, one space per byte) so spans, offsets and
         // line numbers are the file's.
         let mut masked = String::with_capacity(text.len());
@@ -333,7 +369,7 @@ pub fn run(args: &[String]) -> i32 {
         // A blank chunk has no text of its own to point at: point at where it starts.
         let outcome = if separated && text[start..end].trim().is_empty() {
             ChunkOutcome {
-                output: String::new(),
+                output: ChunkOutput::none(),
                 diagnostics: vec![Diagnostic::error(
                     crate::diag::Span::new(id, start, start),
                     "empty chunk: nothing between two `// -----` separators",
@@ -370,18 +406,29 @@ pub fn run(args: &[String]) -> i32 {
                 exit = 1;
             }
         }
-        outputs.push(outcome.output);
+        // Each chunk is written once processed, and its module dropped before the next.
+        if write_failed.is_none() {
+            let written = (if index > 0 {
+                sink.write_all(b"// -----\n")
+            } else {
+                Ok(())
+            })
+            .and_then(|()| outcome.output.write(&mut sink, &opts));
+            write_failed = written.err();
+        }
     }
-    let joined = outputs.join("// -----\n");
-    if let Some(path) = &opts.output {
-        if let Err(e) = std::fs::write(path, &joined) {
-            eprintln!("error: cannot write `{path}`: {e}");
+    if let Some(e) = write_failed.or_else(|| sink.flush().err()) {
+        // A closed pipe (`efopt … | head`) is the reader's choice, not an error.
+        let reader_left = opts.output.is_none() && e.kind() == std::io::ErrorKind::BrokenPipe;
+        if !reader_left {
+            match &opts.output {
+                Some(path) => eprintln!("error: cannot write `{path}`: {e}"),
+                None => eprintln!("error: cannot write to standard output: {e}"),
+            }
             return 1;
         }
-    } else {
-        let mut stdout = std::io::stdout().lock();
-        let _ = stdout.write_all(joined.as_bytes());
     }
+    drop(sink);
     if opts.timing {
         let total: f64 = timing.rows.iter().map(|r| r.1).sum();
         let mut s =
@@ -394,7 +441,10 @@ pub fn run(args: &[String]) -> i32 {
     }
     if opts.stats_json {
         let doc = serde_json::json!({ "chunks": stats });
-        eprintln!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+        // Written as it is serialised: with many candidates the text runs to megabytes.
+        let mut stderr = std::io::stderr().lock();
+        let _ = serde_json::to_writer_pretty(&mut stderr, &doc);
+        let _ = writeln!(stderr);
     }
     exit
 }
@@ -475,7 +525,7 @@ fn process_chunk(
 ) -> ChunkOutcome {
     let mut diagnostics = Vec::new();
     let fail = |diagnostics: Vec<Diagnostic>| ChunkOutcome {
-        output: String::new(),
+        output: ChunkOutput::none(),
         diagnostics,
         failed: true,
     };
@@ -548,7 +598,7 @@ fn process_chunk(
             diagnostics.append(&mut d);
             stats.push(serde_json::json!({ "passes": pass_stats }));
             return ChunkOutcome {
-                output: String::new(),
+                output: ChunkOutput::none(),
                 diagnostics,
                 failed: true,
             };
@@ -561,7 +611,7 @@ fn process_chunk(
                 ));
                 diagnostics.extend(d);
                 return ChunkOutcome {
-                    output: String::new(),
+                    output: ChunkOutput::none(),
                     diagnostics,
                     failed: true,
                 };
@@ -574,14 +624,10 @@ fn process_chunk(
     stats.push(serde_json::json!({ "passes": pass_stats }));
     let failed = diagnostics.iter().any(|d| d.is_error());
     ChunkOutcome {
-        output: emitted.unwrap_or_else(|| {
-            print_module(
-                &module,
-                PrintOptions {
-                    types: opts.print_types,
-                },
-            )
-        }),
+        output: match emitted {
+            Some(code) => ChunkOutput::Code(code),
+            None => ChunkOutput::Module(module),
+        },
         diagnostics,
         failed,
     }

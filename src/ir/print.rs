@@ -397,19 +397,29 @@ pub fn print_egraph(g: &EGraphDump) -> String {
 }
 
 pub fn print_module(m: &Module, opts: PrintOptions) -> String {
-    // Appended one item at a time rather than joined: a module of an extraction's candidates
-    // can print to hundreds of megabytes, and the parts and their join held it twice.
-    let mut out = String::new();
+    let mut out = Vec::new();
+    // Writing into memory does not fail, and every part is UTF-8 text.
+    let _ = write_module(&mut out, m, opts);
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// Prints `m` part by part into `w`: a module of an extraction's candidates can print to
+/// hundreds of megabytes, which are then never held at once.
+pub fn write_module(
+    w: &mut impl std::io::Write,
+    m: &Module,
+    opts: PrintOptions,
+) -> std::io::Result<()> {
     let parts = (m.reducers.iter().map(|r| print_reducer(r, opts)))
         .chain(m.funcs.iter().map(|f| print_function(f, opts)))
         .chain(m.egraphs.iter().map(print_egraph));
     for (i, part) in parts.enumerate() {
         if i > 0 {
-            out.push('\n');
+            w.write_all(b"\n")?;
         }
-        out.push_str(&part);
+        w.write_all(part.as_bytes())?;
     }
-    out
+    Ok(())
 }
 
 #[cfg(test)]

@@ -170,6 +170,9 @@ impl Pass for ExtractPass {
                 }));
             }
             let report = extractor.run(&x);
+            // The search's seen-set and worklist are gone: what the output may use is measured
+            // from what is live now.
+            crate::release_free_memory();
             if shown.load(std::sync::atomic::Ordering::Relaxed) {
                 eprintln!();
             }
