@@ -355,6 +355,15 @@ pub fn run(args: &[String]) -> i32 {
     let mut stats = Vec::new();
     let separated = chunks.len() > 1;
     for (index, (start, end)) in chunks.into_iter().enumerate() {
+        // Written before the chunk is processed, and each chunk's output flushed once written:
+        // passes print report lines to standard output as they run, and diagnostics follow
+        // each chunk, so these must land after the text of the chunk before, never inside it.
+        if index > 0 && write_failed.is_none() {
+            write_failed = sink
+                .write_all(b"// -----\n")
+                .and_then(|()| sink.flush())
+                .err();
+        }
         // Other chunks are blanked (newlines kept, one space per byte) so spans, offsets and
         // line numbers are the file's.
         let mut masked = String::with_capacity(text.len());
@@ -408,16 +417,14 @@ pub fn run(args: &[String]) -> i32 {
         }
         // Each chunk is written once processed, and its module dropped before the next.
         if write_failed.is_none() {
-            let written = (if index > 0 {
-                sink.write_all(b"// -----\n")
-            } else {
-                Ok(())
-            })
-            .and_then(|()| outcome.output.write(&mut sink, &opts));
-            write_failed = written.err();
+            write_failed = outcome
+                .output
+                .write(&mut sink, &opts)
+                .and_then(|()| sink.flush())
+                .err();
         }
     }
-    if let Some(e) = write_failed.or_else(|| sink.flush().err()) {
+    if let Some(e) = write_failed {
         // A closed pipe (`efopt … | head`) is the reader's choice, not an error.
         let reader_left = opts.output.is_none() && e.kind() == std::io::ErrorKind::BrokenPipe;
         if !reader_left {

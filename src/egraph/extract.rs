@@ -689,14 +689,9 @@ fn picked_cost(x: &ExtractGraph, choice: &Choice, met: &[u32]) -> u64 {
 /// that had stored the tile, and a 10 s run on MHA decode found no single-kernel candidate.
 fn hole_estimate(x: &ExtractGraph, choice: &Choice, union: &[u64]) -> u64 {
     let mut total = 0u64;
-    for (w, bits) in union.iter().enumerate() {
-        let mut bits = *bits;
-        while bits != 0 {
-            let c = w * 64 + bits.trailing_zeros() as usize;
-            bits &= bits - 1;
-            if choice[c] == NONE {
-                total = total.saturating_add(cheapest_pick(x, c as u32));
-            }
+    for c in members(union) {
+        if choice[c] == NONE {
+            total = total.saturating_add(cheapest_pick(x, c as u32));
         }
     }
     total
@@ -1617,6 +1612,20 @@ fn open_reach(
     }
 }
 
+/// The classes in a bitset over classes, in increasing order.
+fn members(set: &[u64]) -> impl Iterator<Item = usize> + '_ {
+    set.iter().enumerate().flat_map(|(w, &word)| {
+        let mut bits = word;
+        std::iter::from_fn(move || {
+            (bits != 0).then(|| {
+                let c = w * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                c
+            })
+        })
+    })
+}
+
 /// The resolved classes a completion of a partial program can read, as a bitset over classes:
 /// the resolved operands of the e-nodes of the classes it may still resolve (`open`, from
 /// `open_reach`), and, through a resolved class with one e-node, its resolved operands too
@@ -1633,13 +1642,8 @@ fn readable_resolved(
     readable.clear();
     readable.resize(open.len(), 0);
     stack.clear();
-    for (w, bits) in open.iter().enumerate() {
-        let mut bits = *bits;
-        while bits != 0 {
-            let c = w * 64 + bits.trailing_zeros() as usize;
-            bits &= bits - 1;
-            stack.extend(x.nodes[c].iter().flat_map(|(_, kids)| kids));
-        }
+    for c in members(open) {
+        stack.extend(x.nodes[c].iter().flat_map(|(_, kids)| kids));
     }
     while let Some(k) = stack.pop() {
         let ku = k as usize;
@@ -2634,6 +2638,7 @@ fn hole_context(
         labels,
         stack,
         seen,
+        stored: met_stored,
         self_read,
     } = regions;
     kv.join_regions(sorted_picks, &mut launch.parent);
@@ -2678,8 +2683,8 @@ fn hole_context(
     );
     if stored_read {
         // The stored values a completion can meet: at the end of a chain of picked views from
-        // a class it can read (what `computed_once`'s `source` follows).
-        let first = context.len();
+        // a class it can read (what `computed_once`'s `source` follows), each named once.
+        met_stored.clear();
         for &c in sorted_picks {
             let cu = c as usize;
             if reach[cu / 64] >> (cu % 64) & 1 == 0 {
@@ -2690,18 +2695,12 @@ fn hole_context(
                 k = kids[0];
             }
             if s[k as usize] != NONE && stored(k) {
-                context.push(STORED | u64::from(k));
+                met_stored.push(STORED | u64::from(k));
             }
         }
-        context[first..].sort_unstable();
-        let mut kept = first;
-        for i in first..context.len() {
-            if kept == first || context[kept - 1] != context[i] {
-                context[kept] = context[i];
-                kept += 1;
-            }
-        }
-        context.truncate(kept);
+        met_stored.sort_unstable();
+        met_stored.dedup();
+        context.extend_from_slice(met_stored);
     }
     for &c in sorted_picks.iter().filter(|c| interface(**c)) {
         let l = least[&find_root(parent, c)];
@@ -2762,6 +2761,8 @@ struct RegionScratch {
     labels: FxHashMap<u32, u32>,
     stack: Vec<u32>,
     seen: FxHashSet<u32>,
+    /// The stored values a completion can meet (`stored_read`).
+    stored: Vec<u64>,
     /// Whether a kernel reads what it writes. With `launch.edges`, the kernel graph
     /// `launch_order_impossible` builds (up to the names of regions, which `kernel_cycle` does
     /// not see), so the test reuses them for a program it looked up.
@@ -3094,7 +3095,7 @@ impl Extractor {
         // The classes the program being looked at has picked.
         let mut picks: Vec<u32> = Vec::new();
         let mut sorted_picks: Vec<u32> = Vec::new();
-        let mut hole_reach: Vec<u64> = Vec::new();
+        let mut context_reach: Vec<u64> = Vec::new();
         // Unresolved classes holding a `get` that a picked fused reduction needs (see the
         // check before a child is pushed).
         let mut needed: Vec<u32> = Vec::new();
@@ -3241,12 +3242,12 @@ impl Extractor {
             // The resolved classes whose picks and regions ≈ₚ compares (`hole_context`): those
             // a completion can read, or every class the holes reach through any e-node.
             if readable_context {
-                readable_resolved(x, &s, settled, &mut hole_reach, &mut open_stack);
+                readable_resolved(x, &s, settled, &mut context_reach, &mut open_stack);
             } else {
-                hole_reach.clear();
-                hole_reach.resize(classes.div_ceil(64), 0);
+                context_reach.clear();
+                context_reach.resize(classes.div_ceil(64), 0);
                 for h in holes {
-                    for (r, w) in hole_reach.iter_mut().zip(&x.reach[*h as usize]) {
+                    for (r, w) in context_reach.iter_mut().zip(&x.reach[*h as usize]) {
                         *r |= w;
                     }
                 }
@@ -3280,7 +3281,7 @@ impl Extractor {
                 hole_context(
                     &kv,
                     &sorted_picks,
-                    &hole_reach,
+                    &context_reach,
                     memo,
                     (self.hole_context, readable_context),
                     &mut region_scratch,
