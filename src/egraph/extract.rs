@@ -828,7 +828,8 @@ struct Interner {
     /// facts too: a collection fold gives `reduce … parallel=` a tiled result where the
     /// operator itself may store it, and the two must not share a form (which one was
     /// interned first decided how replicas sank through it).
-    table: hashbrown::HashTable<u32>,
+    /// (hash, id): the hash kept so that growing the table rehashes no key.
+    table: hashbrown::HashTable<(u64, u32)>,
     keys: Vec<Key>,
     info: Vec<KeyInfo>,
     /// Keep a fold over a stored collection (one outside any kernel, read back by every
@@ -837,6 +838,9 @@ struct Interner {
     keep_stored_folds: bool,
     /// The walk's shortcut to `table`: a class's canonical id by what decides it.
     steps: StepMemo,
+    /// Per class, the id of its hole (`NONE` until first met): every walk names each of its
+    /// holes, and a hole's key is a function of its class alone.
+    holes: Vec<u32>,
 }
 
 /// Canonical ids of walk steps. A class's canonical id is a function of its pick and the
@@ -909,15 +913,25 @@ impl SliceTable {
     }
 
     fn find(&self, key: &[u32]) -> Option<SliceEntry> {
+        self.find_hashed(key, Self::hash(key))
+    }
+
+    /// `find`, given the key's `hash`.
+    fn find_hashed(&self, key: &[u32], hash: u64) -> Option<SliceEntry> {
         self.table
-            .find(Self::hash(key), |e| self.slice(e) == key)
+            .find(hash, |e| e.hash == hash && self.slice(e) == key)
             .copied()
     }
 
     /// Records a key not in the table.
     fn insert(&mut self, key: &[u32], value: u32) -> SliceEntry {
+        self.insert_hashed(key, Self::hash(key), value)
+    }
+
+    /// `insert`, given the key's `hash`.
+    fn insert_hashed(&mut self, key: &[u32], hash: u64, value: u32) -> SliceEntry {
         let entry = SliceEntry {
-            hash: Self::hash(key),
+            hash,
             start: self.arena.len(),
             len: key.len() as u32,
             value,
@@ -941,14 +955,14 @@ impl Interner {
             ..
         } = self;
         let h = hash(&k, info);
-        let same = |id: &u32| infos[*id as usize] == info && keys[*id as usize] == k;
-        if let Some(id) = table.find(h, same) {
+        let same = |&(_, id): &(u64, u32)| infos[id as usize] == info && keys[id as usize] == k;
+        if let Some((_, id)) = table.find(h, same) {
             return *id;
         }
         let id = keys.len() as u32;
         keys.push(k);
         infos.push(info);
-        table.insert_unique(h, id, |id| hash(&keys[*id as usize], infos[*id as usize]));
+        table.insert_unique(h, (h, id), |e| e.0);
         id
     }
 
@@ -1361,8 +1375,16 @@ impl<'g, 'a, 'f> Walk<'g, 'a, 'f> {
         let info = class_info(self.x, c);
         let Some((n, kids)) = self.x.op(c, self.choice) else {
             self.facts.holes.push(c);
-            let id = interner.intern(Key::Hole(c), info);
-            self.facts.memo[c as usize] = id;
+            let cu = c as usize;
+            if interner.holes.len() <= cu {
+                interner.holes.resize(self.x.ids.len().max(cu + 1), NONE);
+            }
+            let id = match interner.holes[cu] {
+                NONE => interner.intern(Key::Hole(c), info),
+                id => id,
+            };
+            interner.holes[cu] = id;
+            self.facts.memo[cu] = id;
             return id;
         };
         // What decides the class's id (see `StepMemo`): the class and its pick, then the
@@ -3295,7 +3317,8 @@ impl Extractor {
                 seen_key.extend_from_slice(&form);
                 seen_key.extend(context.iter().flat_map(|w| [*w as u32, (*w >> 32) as u32]));
             }
-            if key && seen.find(&seen_key).is_some() {
+            let seen_hash = SliceTable::hash(&seen_key);
+            if key && seen.find_hashed(&seen_key, seen_hash).is_some() {
                 equivalent += 1;
                 continue; // ≈ₚ a program already taken
             }
@@ -3330,7 +3353,7 @@ impl Extractor {
                 // (A class whose program waits for its verdict is decided with that verdict:
                 // `LoweringQueue`.)
                 if key {
-                    seen.insert(&seen_key, 0);
+                    seen.insert_hashed(&seen_key, seen_hash, 0);
                 } else if out.distinct.contains(&class_form) {
                     equivalent += 1;
                     continue; // ≈ a program already output
