@@ -2661,6 +2661,7 @@ fn hole_context(
         stack,
         seen,
         stored: met_stored,
+        attachable,
         self_read,
     } = regions;
     kv.join_regions(sorted_picks, &mut launch.parent);
@@ -2677,8 +2678,10 @@ fn hole_context(
                         || class_tiled(x, k) && kv.picked(k) && kv.load(k) == Load::Unknown
                 }))
     };
+    attachable.clear();
+    attachable.extend(sorted_picks.iter().copied().filter(|c| interface(*c)));
     least.clear();
-    for &c in sorted_picks.iter().filter(|c| interface(**c)) {
+    for &c in attachable.iter() {
         let r = find_root(parent, c);
         let l = least.entry(r).or_insert(c);
         *l = (*l).min(c);
@@ -2724,7 +2727,7 @@ fn hole_context(
         met_stored.dedup();
         context.extend_from_slice(met_stored);
     }
-    for &c in sorted_picks.iter().filter(|c| interface(**c)) {
+    for &c in attachable.iter() {
         let l = least[&find_root(parent, c)];
         context.push(REGION | (u64::from(c) << 31) | u64::from(l));
     }
@@ -2785,6 +2788,8 @@ struct RegionScratch {
     seen: FxHashSet<u32>,
     /// The stored values a completion can meet (`stored_read`).
     stored: Vec<u64>,
+    /// The resolved classes a completion can attach to, in class order.
+    attachable: Vec<u32>,
     /// Whether a kernel reads what it writes. With `launch.edges`, the kernel graph
     /// `launch_order_impossible` builds (up to the names of regions, which `kernel_cycle` does
     /// not see), so the test reuses them for a program it looked up.
