@@ -3266,19 +3266,6 @@ impl Extractor {
             } else {
                 &all_reached
             };
-            // The resolved classes whose picks and regions ≈ₚ compares (`hole_context`): those
-            // a completion can read, or every class the holes reach through any e-node.
-            if readable_context {
-                readable_resolved(x, &s, settled, &mut context_reach, &mut open_stack);
-            } else {
-                context_reach.clear();
-                context_reach.resize(classes.div_ceil(64), 0);
-                for h in holes {
-                    for (r, w) in context_reach.iter_mut().zip(&x.reach[*h as usize]) {
-                        *r |= w;
-                    }
-                }
-            }
             if !computed_once(x, &s, (visited, met), settled, &mut once_scratch) {
                 recomputed += 1;
                 continue;
@@ -3305,6 +3292,20 @@ impl Extractor {
             };
             let key = self.compaction == Compaction::Early && !holes.is_empty();
             if key {
+                // The resolved classes whose picks and regions ≈ₚ compares: those a completion
+                // can read, or every class the holes reach through any e-node. Found only for
+                // a program that passed the checks above.
+                if readable_context {
+                    readable_resolved(x, &s, settled, &mut context_reach, &mut open_stack);
+                } else {
+                    context_reach.clear();
+                    context_reach.resize(classes.div_ceil(64), 0);
+                    for h in holes {
+                        for (r, w) in context_reach.iter_mut().zip(&x.reach[*h as usize]) {
+                            *r |= w;
+                        }
+                    }
+                }
                 hole_context(
                     &kv,
                     &sorted_picks,
