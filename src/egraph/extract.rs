@@ -3209,9 +3209,6 @@ impl Extractor {
                 picks.push(c);
                 link = parent;
             }
-            sorted_picks.clear();
-            sorted_picks.extend_from_slice(&picks);
-            sorted_picks.sort_unstable();
             let form = Walk::roots(x, &s, &mut interner, &mut facts);
             let WalkFacts {
                 visited,
@@ -3295,6 +3292,9 @@ impl Extractor {
                 // The resolved classes whose picks and regions ≈ₚ compares: those a completion
                 // can read, or every class the holes reach through any e-node. Found only for
                 // a program that passed the checks above.
+                sorted_picks.clear();
+                sorted_picks.extend_from_slice(&picks);
+                sorted_picks.sort_unstable();
                 if readable_context {
                     readable_resolved(x, &s, settled, &mut context_reach, &mut open_stack);
                 } else {
