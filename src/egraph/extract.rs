@@ -3323,7 +3323,8 @@ impl Extractor {
                 seen_key.extend_from_slice(&form);
                 seen_key.extend(context.iter().flat_map(|w| [*w as u32, (*w >> 32) as u32]));
             }
-            let seen_hash = SliceTable::hash(&seen_key);
+            // Hashed once, for the lookup and for the insert below.
+            let seen_hash = if key { SliceTable::hash(&seen_key) } else { 0 };
             if key && seen.find_hashed(&seen_key, seen_hash).is_some() {
                 equivalent += 1;
                 continue; // ≈ₚ a program already taken
