@@ -719,10 +719,9 @@ fn reachability(nodes: &[Vec<(ENode, Vec<u32>)>]) -> Vec<Vec<u64>> {
         let mut stack = vec![c as u32];
         while let Some(k) = stack.pop() {
             let k = k as usize;
-            if r[k / 64] >> (k % 64) & 1 == 1 {
+            if !add(r, k) {
                 continue;
             }
-            r[k / 64] |= 1 << (k % 64);
             for (_, kids) in &nodes[k] {
                 stack.extend(kids);
             }
@@ -1545,9 +1544,7 @@ fn reaches(
         }
         match x.op(c, choice) {
             Some((_, kids)) => stack.extend(kids),
-            None if through_holes && x.reach[c as usize][t / 64] >> (t % 64) & 1 == 1 => {
-                return true
-            }
+            None if through_holes && has(&x.reach[c as usize], t) => return true,
             None => {}
         }
     }
@@ -1621,17 +1618,25 @@ fn open_reach(
     stack.extend_from_slice(holes);
     while let Some(c) = stack.pop() {
         let cu = c as usize;
-        if choice[cu] != NONE || open[cu / 64] >> (cu % 64) & 1 == 1 {
+        if choice[cu] != NONE || !add(open, cu) {
             continue;
         }
-        open[cu / 64] |= 1 << (cu % 64);
         for (_, kids) in &x.nodes[cu] {
-            stack.extend(
-                kids.iter()
-                    .filter(|k| open[**k as usize / 64] >> (**k % 64) & 1 == 0),
-            );
+            stack.extend(kids.iter().filter(|k| !has(open, **k as usize)));
         }
     }
+}
+
+/// Whether class `c` is in a bitset over classes.
+fn has(set: &[u64], c: usize) -> bool {
+    set[c / 64] >> (c % 64) & 1 == 1
+}
+
+/// Adds class `c` to a bitset over classes: whether it was not in it.
+fn add(set: &mut [u64], c: usize) -> bool {
+    let new = !has(set, c);
+    set[c / 64] |= 1 << (c % 64);
+    new
 }
 
 /// The classes in a bitset over classes, in increasing order.
@@ -1669,10 +1674,9 @@ fn readable_resolved(
     }
     while let Some(k) = stack.pop() {
         let ku = k as usize;
-        if choice[ku] == NONE || readable[ku / 64] >> (ku % 64) & 1 == 1 {
+        if choice[ku] == NONE || !add(readable, ku) {
             continue;
         }
-        readable[ku / 64] |= 1 << (ku % 64);
         if let [(_, kids)] = x.nodes[ku].as_slice() {
             stack.extend(kids);
         }
@@ -1733,7 +1737,7 @@ fn unreachable_from_holes(
     marks: &mut Marks,
     stack: &mut Vec<u32>,
 ) -> bool {
-    let inside = |c: u32| within[c as usize / 64] >> (c % 64) & 1 == 1;
+    let inside = |c: u32| has(within, c as usize);
     if is_hole(b) {
         return false;
     }
@@ -2672,7 +2676,7 @@ fn hole_context(
         let cu = c as usize;
         kv.computed(c)
             && kv.region(c)
-            && (reach[cu / 64] >> (cu % 64) & 1 == 1
+            && (has(reach, cu)
                 || kv.op(c).1.iter().any(|&k| {
                     s[k as usize] == NONE
                         || class_tiled(x, k) && kv.picked(k) && kv.load(k) == Load::Unknown
@@ -2691,7 +2695,7 @@ fn hole_context(
         sorted_picks
             .iter()
             .map(|c| (*c as usize, s[*c as usize]))
-            .filter(|(c, _)| x.nodes[*c].len() > 1 && reach[c / 64] >> (c % 64) & 1 == 1)
+            .filter(|(c, _)| x.nodes[*c].len() > 1 && has(reach, *c))
             .map(|(c, n)| {
                 let value = match (by, memo[c]) {
                     (HoleContext::Forms, id) if id != NONE => FORM | u64::from(id),
@@ -2712,7 +2716,7 @@ fn hole_context(
         met_stored.clear();
         for &c in sorted_picks {
             let cu = c as usize;
-            if reach[cu / 64] >> (cu % 64) & 1 == 0 {
+            if !has(reach, cu) {
                 continue;
             }
             let mut k = c;
@@ -2742,11 +2746,7 @@ fn hole_context(
     }
     for &c in sorted_picks {
         let cu = c as usize;
-        if reach[cu / 64] >> (cu % 64) & 1 == 1
-            && kv.computed(c)
-            && !kv.region(c)
-            && !kv.plumbing(c)
-        {
+        if has(reach, cu) && kv.computed(c) && !kv.region(c) && !kv.plumbing(c) {
             labels.insert(c, c);
         }
     }
@@ -3228,7 +3228,7 @@ impl Extractor {
                     let reaches_pending = |h: u32| {
                         pending.iter().any(|b| {
                             let b = *b as usize;
-                            x.reach[h as usize][b / 64] >> (b % 64) & 1 == 1
+                            has(&x.reach[h as usize], b)
                         })
                     };
                     holes.iter().copied().min_by_key(|h| {
@@ -3629,7 +3629,7 @@ impl Extractor {
                 if !dead {
                     // The other holes' share less what this child resolves of it, plus
                     // what its new holes add.
-                    let in_base = |c: u32| base_union[c as usize / 64] >> (c % 64) & 1 == 1;
+                    let in_base = |c: u32| has(&base_union, c as usize);
                     let resolved = std::iter::once(h)
                         .chain(forced_picks.iter().copied())
                         .filter(|c| in_base(*c))
