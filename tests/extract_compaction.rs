@@ -289,7 +289,7 @@ fn scattered_hole_orders_find_the_same_classes() {
     }
 }
 
-/// ≈ₚ compares the canonical forms of the resolved classes a hole can reach, not their picks:
+/// ≈ₚ compares the canonical forms of the resolved classes a completion can read, not their picks:
 /// programs that write those classes differently (commuted operands, views in another order)
 /// then prune each other. That must change the work only, never the classes found, so both
 /// contexts must find the same classes on e-graphs where the finer one still finishes. (With

@@ -46,7 +46,7 @@ pub fn extract_info() -> PassInfo {
             name: "hole-context",
             kind: OptionKind::Choice(&["forms", "picks"]),
             default: "forms",
-            help: "what early compaction compares besides canonical forms: the canonical `forms` of the resolved classes a hole can reach, or their `picks` (finer: prunes less); the candidates found are the same, the work is not",
+            help: "what early compaction compares besides canonical forms: the canonical `forms` of the resolved classes a completion can read, or their `picks` (finer: prunes less); the candidates found are the same, the work is not",
         },
         OptionInfo {
             name: "max-candidates",
