@@ -37,8 +37,8 @@ INPUT AND OUTPUT:
     --split-input-file        process chunks separated by `// -----` independently
     --verify-diagnostics      check diagnostics against `// expected-error@+1 {{…}}`
                               (also -warning, -note, -remark; @+N, @-N, @N or none)
-    --set NAME=VALUE          override a `where` binding (dimension size or axis extent),
-                              e.g. --set B=16; repeatable
+    --set NAME=VALUE          override a `where` binding (dimension size or axis extent) of
+                              functions and e-graph dumps, e.g. --set B=16; repeatable
     --seed N                  seed for random inputs of interpret/check (default 0)
     --print-types             print every statement's inferred type
 
@@ -354,6 +354,9 @@ pub fn run(args: &[String]) -> i32 {
     let mut timing = Timing { rows: Vec::new() };
     let mut stats = Vec::new();
     let separated = chunks.len() > 1;
+    // Which `--set` overrides met a function or e-graph in some chunk: one that met none is
+    // most likely a misspelt name.
+    let mut sets_applied = vec![false; opts.sets.len()];
     for (index, (start, end)) in chunks.into_iter().enumerate() {
         // Written before the chunk is processed, and each chunk's output flushed once written:
         // passes print report lines to standard output as they run, and diagnostics follow
@@ -397,6 +400,7 @@ pub fn run(args: &[String]) -> i32 {
                 &base_dir,
                 &mut timing,
                 &mut stats,
+                &mut sets_applied,
             )
         };
         if opts.verify_diagnostics {
@@ -436,6 +440,12 @@ pub fn run(args: &[String]) -> i32 {
         }
     }
     drop(sink);
+    for ((name, value), _) in opts.sets.iter().zip(&sets_applied).filter(|(_, a)| !**a) {
+        eprintln!(
+            "warning: --set {name}={value}: no function binds or uses `{name}`, and no e-graph binds it; \
+             the names are case-sensitive"
+        );
+    }
     if opts.timing {
         let total: f64 = timing.rows.iter().map(|r| r.1).sum();
         let mut s =
@@ -486,18 +496,29 @@ fn split_chunks(text: &str) -> Vec<(usize, usize)> {
     chunks
 }
 
-/// Applies `--set` overrides to every function that binds or uses the name.
-fn apply_sets(m: &mut Module, sets: &[(String, u64)]) {
+/// Applies `--set` overrides to every function that binds or uses the name, and to every
+/// e-graph dump that binds it; marks in `applied` the overrides that met one.
+fn apply_sets(m: &mut Module, sets: &[(String, u64)], applied: &mut [bool]) {
     for f in &mut m.funcs {
-        for (name, value) in sets {
+        for ((name, value), applied) in sets.iter().zip(applied.iter_mut()) {
             if let Some(b) = f.bindings.iter_mut().find(|b| &b.name == name) {
                 b.value = *value;
+                *applied = true;
             } else if function_mentions(f, name) {
                 f.bindings.push(Binding {
                     name: name.clone(),
                     value: *value,
                     span: f.name_span,
                 });
+                *applied = true;
+            }
+        }
+    }
+    for g in &mut m.egraphs {
+        for ((name, value), applied) in sets.iter().zip(applied.iter_mut()) {
+            if let Some(b) = g.bindings.iter_mut().find(|b| &b.name == name) {
+                b.value = *value;
+                *applied = true;
             }
         }
     }
@@ -529,6 +550,7 @@ fn process_chunk(
     base_dir: &std::path::Path,
     timing: &mut Timing,
     stats: &mut Vec<serde_json::Value>,
+    sets_applied: &mut [bool],
 ) -> ChunkOutcome {
     let mut diagnostics = Vec::new();
     let fail = |diagnostics: Vec<Diagnostic>| ChunkOutcome {
@@ -539,12 +561,16 @@ fn process_chunk(
     let t0 = Instant::now();
     let mut module = match crate::parse::parse_module(text, source) {
         Ok(m) => m,
-        Err(d) => return fail(d),
+        Err(d) => {
+            // Whether a chunk that does not parse uses a name is unknown: no warning then.
+            sets_applied.fill(true);
+            return fail(d);
+        }
     };
     timing
         .rows
         .push(("parse".into(), t0.elapsed().as_secs_f64() * 1e3));
-    apply_sets(&mut module, &opts.sets);
+    apply_sets(&mut module, &opts.sets, sets_applied);
     let t0 = Instant::now();
     if let Err(d) = crate::passes::verify::verify_module(&mut module) {
         return fail(d);
