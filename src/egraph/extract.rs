@@ -2252,6 +2252,48 @@ fn kernel_cycle(edges: &[(u32, u32)]) -> bool {
     ordered < indegree.len()
 }
 
+/// The kernels on the longest chain of a kernel graph (writer, reader; sorted), each reading a
+/// value the one before it stored. In a completion with a launch order they stay distinct
+/// kernels, since joining two kernels of a chain makes a kernel read what it writes or a
+/// cycle, so every valid completion has at least this many. 0 without edges or with a cycle
+/// (which the launch-order test prunes).
+fn kernel_chain(edges: &[(u32, u32)]) -> usize {
+    if edges.is_empty() {
+        return 0;
+    }
+    // (unordered writers left, kernels on the longest chain ending here) per kernel.
+    let mut at: FxHashMap<u32, (usize, usize)> = FxHashMap::default();
+    for &(a, b) in edges {
+        at.entry(a).or_insert((0, 1));
+        at.entry(b).or_insert((0, 1)).0 += 1;
+    }
+    let mut ready: Vec<u32> = at
+        .iter()
+        .filter(|(_, (d, _))| *d == 0)
+        .map(|(k, _)| *k)
+        .collect();
+    let (mut ordered, mut longest) = (0, 0);
+    while let Some(k) = ready.pop() {
+        ordered += 1;
+        let chain = at[&k].1;
+        longest = longest.max(chain);
+        let from = edges.partition_point(|e| e.0 < k);
+        for &(_, b) in edges[from..].iter().take_while(|e| e.0 == k) {
+            let (d, c) = at.entry(b).or_default();
+            *c = (*c).max(chain + 1);
+            *d -= 1;
+            if *d == 0 {
+                ready.push(b);
+            }
+        }
+    }
+    if ordered < at.len() {
+        0
+    } else {
+        longest
+    }
+}
+
 /// Buffers `launch_order_impossible` reuses from one program to the next.
 #[derive(Default)]
 struct LaunchScratch {
@@ -3330,7 +3372,20 @@ impl Extractor {
                 continue; // ≈ₚ a program already taken
             }
             if let Some(max) = self.max_kernels {
-                if kernel_lower_bound(x, &s, met, memo) > max {
+                // The kernel graph the hole context built, or built here; a kernel reading
+                // what it writes is left to the launch-order test below.
+                let chain = if key {
+                    if region_scratch.self_read {
+                        0
+                    } else {
+                        kernel_chain(&region_scratch.launch.edges)
+                    }
+                } else if kv.kernel_edges(&picks, &mut launch_scratch, false) {
+                    0
+                } else {
+                    kernel_chain(&launch_scratch.edges)
+                };
+                if kernel_lower_bound(x, &s, met, memo).max(chain) > max {
                     over_kernels += 1;
                     continue;
                 }
@@ -4252,6 +4307,25 @@ mod tests {
         }
         // Both verdicts occur, so the comparison says something about each.
         assert!(checked[0] > 0 && checked[1] > 0, "verdicts: {checked:?}");
+    }
+
+    #[test]
+    fn a_kernel_chain_counts_the_kernels_on_the_longest_path() {
+        let sorted = |mut e: Vec<(u32, u32)>| {
+            e.sort_unstable();
+            e
+        };
+        assert_eq!(kernel_chain(&[]), 0);
+        assert_eq!(kernel_chain(&[(5, 9)]), 2);
+        // 1 → 2 → 3 → 4 beside 1 → 4: four kernels in a row.
+        assert_eq!(
+            kernel_chain(&sorted(vec![(1, 2), (2, 3), (3, 4), (1, 4)])),
+            4
+        );
+        // Two writers feeding one reader, then a reader of that: three.
+        assert_eq!(kernel_chain(&sorted(vec![(7, 3), (8, 3), (3, 1)])), 3);
+        // A cycle has no launch order: that test prunes it, not this bound.
+        assert_eq!(kernel_chain(&sorted(vec![(1, 2), (2, 1), (2, 3)])), 0);
     }
 
     #[test]
