@@ -615,8 +615,14 @@ fn process_chunk(
         timing.rows.push((spec.name.clone(), ms));
         let report = std::mem::take(&mut cx.report);
         diagnostics.append(&mut cx.diagnostics);
-        pass_stats
-            .push(serde_json::json!({ "pass": spec.name, "wall_ms": ms, "counters": cx.counters }));
+        // The counters are moved in: `json!` would serialise a copy of them, and `extract`'s
+        // list one entry per output candidate (tens of MB past its memory limit on MHA decode).
+        let counters = std::mem::take(&mut cx.counters).into_iter().collect();
+        let mut entry = serde_json::Map::new();
+        entry.insert("pass".into(), spec.name.clone().into());
+        entry.insert("wall_ms".into(), ms.into());
+        entry.insert("counters".into(), serde_json::Value::Object(counters));
+        pass_stats.push(serde_json::Value::Object(entry));
         if !report.is_empty() {
             let mut stdout = std::io::stdout().lock();
             for line in report {

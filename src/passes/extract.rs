@@ -244,9 +244,13 @@ impl Pass for ExtractPass {
                 format!("memory limit ({limit} MiB) reached")
             });
             let output_count = output.functions.len();
-            funcs.extend(output.functions);
-            let listed = output.listed;
-            per_graph.push(serde_json::json!({
+            // Moved, not copied, when it is the first e-graph's (the usual case).
+            if funcs.is_empty() {
+                funcs = output.functions;
+            } else {
+                funcs.extend(output.functions);
+            }
+            let mut row = serde_json::json!({
                 "egraph": g.name,
                 "compaction": format!("{:?}", self.compaction).to_lowercase(),
                 "expanded_states": report.expanded,
@@ -274,8 +278,13 @@ impl Pass for ExtractPass {
                     "max_kernels": self.max_kernels,
                 },
                 "seconds": report.seconds,
-                "candidates": listed,
-            }));
+            });
+            // Moved in: `json!` would serialise a copy of the list (one row per output
+            // candidate), allocated after the output stopped at the memory limit.
+            if let Some(fields) = row.as_object_mut() {
+                fields.insert("candidates".into(), serde_json::Value::Array(output.listed));
+            }
+            per_graph.push(row);
         }
         cx.counters
             .insert("egraphs".into(), serde_json::Value::Array(per_graph));
