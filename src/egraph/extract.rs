@@ -2223,44 +2223,15 @@ fn launch_order_impossible(kv: &KernelView, picks: &[u32], scratch: &mut LaunchS
 
 /// Whether kernel read edges (writer, reader; sorted) form a cycle.
 fn kernel_cycle(edges: &[(u32, u32)]) -> bool {
-    if edges.len() < 2 {
-        return false;
-    }
-    // A cycle among the kernels: Kahn's algorithm leaves some kernel unordered.
-    let mut indegree: FxHashMap<u32, usize> = FxHashMap::default();
-    for &(a, b) in edges.iter() {
-        indegree.entry(a).or_default();
-        *indegree.entry(b).or_default() += 1;
-    }
-    let mut ready: Vec<u32> = indegree
-        .iter()
-        .filter(|(_, d)| **d == 0)
-        .map(|(k, _)| *k)
-        .collect();
-    let mut ordered = 0;
-    while let Some(k) = ready.pop() {
-        ordered += 1;
-        let from = edges.partition_point(|e| e.0 < k);
-        for &(_, b) in edges[from..].iter().take_while(|e| e.0 == k) {
-            let d = indegree.entry(b).or_default();
-            *d -= 1;
-            if *d == 0 {
-                ready.push(b);
-            }
-        }
-    }
-    ordered < indegree.len()
+    edges.len() >= 2 && kernel_chain(edges).is_none()
 }
 
-/// The kernels on the longest chain of a kernel graph (writer, reader; sorted), each reading a
-/// value the one before it stored. In a completion with a launch order they stay distinct
-/// kernels, since joining two kernels of a chain makes a kernel read what it writes or a
-/// cycle, so every valid completion has at least this many. 0 without edges or with a cycle
-/// (which the launch-order test prunes).
-fn kernel_chain(edges: &[(u32, u32)]) -> usize {
-    if edges.is_empty() {
-        return 0;
-    }
+/// Orders a kernel graph (writer, reader; sorted) by Kahn's algorithm: the kernels on its
+/// longest chain, each reading a value the one before it stored, or None for a cycle (some
+/// kernel left unordered). In a completion with a launch order the kernels of a chain stay
+/// distinct, since joining two of them makes a kernel read what it writes or a cycle, so
+/// every valid completion has at least that many. 0 without edges.
+fn kernel_chain(edges: &[(u32, u32)]) -> Option<usize> {
     // (unordered writers left, kernels on the longest chain ending here) per kernel.
     let mut at: FxHashMap<u32, (usize, usize)> = FxHashMap::default();
     for &(a, b) in edges {
@@ -2287,11 +2258,7 @@ fn kernel_chain(edges: &[(u32, u32)]) -> usize {
             }
         }
     }
-    if ordered < at.len() {
-        0
-    } else {
-        longest
-    }
+    (ordered == at.len()).then_some(longest)
 }
 
 /// Buffers `launch_order_impossible` reuses from one program to the next.
@@ -3378,12 +3345,12 @@ impl Extractor {
                     if region_scratch.self_read {
                         0
                     } else {
-                        kernel_chain(&region_scratch.launch.edges)
+                        kernel_chain(&region_scratch.launch.edges).unwrap_or(0)
                     }
                 } else if kv.kernel_edges(&picks, &mut launch_scratch, false) {
                     0
                 } else {
-                    kernel_chain(&launch_scratch.edges)
+                    kernel_chain(&launch_scratch.edges).unwrap_or(0)
                 };
                 if kernel_lower_bound(x, &s, met, memo).max(chain) > max {
                     over_kernels += 1;
@@ -4315,17 +4282,19 @@ mod tests {
             e.sort_unstable();
             e
         };
-        assert_eq!(kernel_chain(&[]), 0);
-        assert_eq!(kernel_chain(&[(5, 9)]), 2);
+        assert_eq!(kernel_chain(&[]), Some(0));
+        assert_eq!(kernel_chain(&[(5, 9)]), Some(2));
         // 1 → 2 → 3 → 4 beside 1 → 4: four kernels in a row.
         assert_eq!(
             kernel_chain(&sorted(vec![(1, 2), (2, 3), (3, 4), (1, 4)])),
-            4
+            Some(4)
         );
         // Two writers feeding one reader, then a reader of that: three.
-        assert_eq!(kernel_chain(&sorted(vec![(7, 3), (8, 3), (3, 1)])), 3);
-        // A cycle has no launch order: that test prunes it, not this bound.
-        assert_eq!(kernel_chain(&sorted(vec![(1, 2), (2, 1), (2, 3)])), 0);
+        assert_eq!(kernel_chain(&sorted(vec![(7, 3), (8, 3), (3, 1)])), Some(3));
+        // A cycle has no launch order.
+        let cycle = sorted(vec![(1, 2), (2, 1), (2, 3)]);
+        assert_eq!(kernel_chain(&cycle), None);
+        assert!(kernel_cycle(&cycle));
     }
 
     #[test]

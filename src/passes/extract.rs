@@ -244,12 +244,7 @@ impl Pass for ExtractPass {
                 format!("memory limit ({limit} MiB) reached")
             });
             let output_count = output.functions.len();
-            // Moved, not copied, when it is the first e-graph's (the usual case).
-            if funcs.is_empty() {
-                funcs = output.functions;
-            } else {
-                funcs.extend(output.functions);
-            }
+            funcs.extend(output.functions);
             let mut row = serde_json::json!({
                 "egraph": g.name,
                 "compaction": format!("{:?}", self.compaction).to_lowercase(),
