@@ -8,6 +8,9 @@
 //! `EFOPT_EXTRACT_FUZZ_CASES=N` runs N cases instead of the default; `EFOPT_EXTRACT_FUZZ_SEED=S`
 //! sets the seed.
 
+mod common;
+
+use common::Rng;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -35,23 +38,6 @@ const PIPELINES: [&str; 8] = [
     "extract{hole-order=scattered hole-seed=7 max-candidates=20 time-limit=5}",
     "extract{max-candidates=3 time-limit=5},lower",
 ];
-
-struct Rng(u64);
-
-impl Rng {
-    /// splitmix64.
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
 
 /// The number of cases (`EFOPT_EXTRACT_FUZZ_CASES`, else `default`) and the seed
 /// (`EFOPT_EXTRACT_FUZZ_SEED`, else fixed).
@@ -224,7 +210,7 @@ fn extraction_on_edited_dumps_ends_with_candidates_that_verify_or_a_diagnostic()
         .iter()
         .map(|n| saturated_dump(&small_source(n, &dir)))
         .collect();
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let (mut failures, mut succeeded, mut refused) = (Vec::new(), 0usize, 0usize);
     for case in 0..cases {
         let which = rng.below(dumps.len());
@@ -367,7 +353,7 @@ fn extract_and_check(input: &Path, source: &Path) -> Checked {
 #[test]
 fn candidates_of_a_sub_e_graph_still_compute_the_source() {
     let (cases, seed) = cases_and_seed(300);
-    let (cases, mut rng) = (cases / 3, Rng(seed ^ 0xde1e7e));
+    let (cases, mut rng) = (cases / 3, Rng::new(seed ^ 0xde1e7e));
     let dir = std::env::temp_dir().join(format!("efopt-extract-sub-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let sources: Vec<PathBuf> = EXAMPLES.iter().map(|n| small_source(n, &dir)).collect();

@@ -28,6 +28,9 @@
 //! The other tests are stress cases: a 10,000-statement program, a 1,000,000-term sum on one
 //! line, 100,000 nested parentheses, and empty, NUL and invalid UTF-8 input to the binary.
 
+mod common;
+
+use common::Rng;
 use efopt::diag::{Diagnostic, SourceMap};
 use efopt::interp::{random_inputs, Interpreter, Sizes, Value};
 use efopt::ir::print::{print_module, PrintOptions};
@@ -42,43 +45,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{mpsc, Arc, Mutex, Once};
 use std::time::{Duration, Instant};
-
-// ---------------------------------------------------------------------------------------
-// Random numbers: splitmix64, so runs are reproducible from a seed without dependencies.
-
-#[derive(Clone, Debug)]
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        if n == 0 {
-            0
-        } else {
-            (self.next() % n as u64) as usize
-        }
-    }
-
-    /// True with probability `num/den`.
-    fn chance(&mut self, num: u64, den: u64) -> bool {
-        self.next() % den < num
-    }
-
-    fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
-        &xs[self.below(xs.len())]
-    }
-}
 
 // ---------------------------------------------------------------------------------------
 // Panics: caught per stage, with the message and location recorded by a quiet hook.

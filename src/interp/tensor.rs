@@ -347,6 +347,12 @@ impl Rng {
         Rng(seed ^ 0x9e37_79b9_7f4a_7c15)
     }
 
+    /// A generator whose state is `state` as given (`new` mixes its seed in first): a fuzz
+    /// test's seed then names the stream it always named.
+    pub fn from_state(state: u64) -> Rng {
+        Rng(state)
+    }
+
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;

@@ -1,5 +1,8 @@
 //! Helpers shared by integration tests.
 
+// Each test crate that includes this module uses only the helpers it needs.
+#![allow(dead_code)]
+
 use std::path::{Path, PathBuf};
 
 /// Every `.ef` program under `examples/` and `tests/rules/`, sorted.
@@ -18,4 +21,31 @@ pub fn example_and_rule_programs() -> Vec<PathBuf> {
         .collect();
     files.sort();
     files
+}
+
+/// Random choices for the fuzz tests: the library's SplitMix64 started at state `seed`.
+pub struct Rng(efopt::interp::Rng);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(efopt::interp::Rng::from_state(seed))
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0.next_u64()
+    }
+
+    /// Uniform below `n` (0 when `n` is 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        self.0.below(n as u64) as usize
+    }
+
+    /// True with probability `num/den`.
+    pub fn chance(&mut self, num: u64, den: u64) -> bool {
+        self.next() % den < num
+    }
+
+    pub fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
+        &xs[self.below(xs.len())]
+    }
 }
