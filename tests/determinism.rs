@@ -74,3 +74,42 @@ fn resaturating_a_dump_written_in_another_class_order_adds_nothing() {
         );
     }
 }
+
+/// A dump names the reducers saturation made (product fusion); rebuilt without their
+/// definitions it is refused, not loaded as some other e-graph.
+#[test]
+fn a_dump_rebuilt_without_its_reducers_is_refused() {
+    use efopt::egraph::rules::all_rules;
+    use efopt::egraph::runner::Runner;
+    use efopt::egraph::TypedEGraph;
+    let path = format!("{}/examples/rmsnorm_gemm.ef", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).expect("example");
+    let mut m = efopt::parse::parse_module(&text, 0).expect("parses");
+    efopt::passes::verify::verify_module(&mut m).expect("verifies");
+    let mut g = TypedEGraph::from_function(&m.funcs[0], &m.reducers).expect("e-graph");
+    Runner::default().run(&mut g, &all_rules());
+    let dump = g.to_dump();
+    let made: Vec<_> = g
+        .egraph
+        .analysis
+        .env
+        .reducers()
+        .iter()
+        .filter(|r| m.reducers.iter().all(|known| known.name != r.name))
+        .cloned()
+        .collect();
+    assert!(!made.is_empty(), "saturation made no reducer");
+    let err = TypedEGraph::from_dump(&dump, &m.reducers)
+        .err()
+        .expect("refused without the reducers saturation made");
+    assert!(
+        err.contains("unknown reducer") && err.contains(made[0].name.as_str()),
+        "{err}"
+    );
+    let all: Vec<_> = m.reducers.iter().chain(&made).cloned().collect();
+    let again = TypedEGraph::from_dump(&dump, &all).expect("loads with them");
+    assert_eq!(
+        again.egraph.number_of_classes(),
+        g.egraph.number_of_classes()
+    );
+}

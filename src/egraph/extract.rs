@@ -902,6 +902,13 @@ struct SliceEntry {
 }
 
 impl SliceTable {
+    /// Its arena and table for `GrowthWatch` (a table's buckets also carry a control byte).
+    fn tables(&self, out: &mut Vec<(usize, usize, usize)>) {
+        out.push((self.arena.len(), self.arena.capacity(), 4));
+        let entry = std::mem::size_of::<SliceEntry>() + 1;
+        out.push((self.table.len(), self.table.capacity(), entry));
+    }
+
     fn hash(key: &[u32]) -> u64 {
         use std::hash::BuildHasher;
         rustc_hash::FxBuildHasher.hash_one(key)
@@ -942,6 +949,16 @@ impl SliceTable {
 }
 
 impl Interner {
+    /// Its tables for `GrowthWatch`, the step memo's included.
+    fn tables(&self, out: &mut Vec<(usize, usize, usize)>) {
+        let key = std::mem::size_of::<Key>();
+        out.push((self.keys.len(), self.keys.capacity(), key));
+        let info = std::mem::size_of::<KeyInfo>();
+        out.push((self.info.len(), self.info.capacity(), info));
+        out.push((self.table.len(), self.table.capacity(), 17));
+        self.steps.steps.tables(out);
+    }
+
     fn intern(&mut self, k: Key, info: KeyInfo) -> u32 {
         fn hash(k: &Key, info: KeyInfo) -> u64 {
             use std::hash::BuildHasher;
@@ -3142,6 +3159,7 @@ impl Extractor {
         let all_reached: Vec<u64> = vec![u64::MAX; classes.div_ceil(64)];
         let (mut open, mut open_stack): (Vec<u64>, Vec<u32>) = (Vec::new(), Vec::new());
         let mut stop = ExtractStop::Exhausted;
+        let (mut growth, mut tables) = (GrowthWatch::default(), Vec::new());
         let mut taken = 0usize;
         // Programs taken and walked (`taken` also counts the one a limit stopped at).
         let mut walked = 0usize;
@@ -3188,8 +3206,17 @@ impl Extractor {
                     break;
                 }
                 // Reading the resident size costs microseconds: once every 4,096 programs.
+                // The tables whose next doubling may come before the next look count as
+                // grown already, so the search stops before such a growth passes the limit.
                 if let Some(limit) = self.memory_limit.filter(|_| taken % 4096 <= 1) {
-                    if resident_mib().is_some_and(|m| m >= limit) {
+                    tables.clear();
+                    interner.tables(&mut tables);
+                    class_interner.tables(&mut tables);
+                    seen.tables(&mut tables);
+                    tables.push((trail.len(), trail.capacity(), 12));
+                    tables.push((worklist.len(), worklist.capacity(), 16));
+                    let ahead_mib = growth.ahead(&tables) >> 20;
+                    if resident_mib().is_some_and(|m| m + ahead_mib >= limit) {
                         stop = ExtractStop::MemoryLimit(limit);
                         break;
                     }
@@ -3987,6 +4014,35 @@ impl Drop for LoweringQueue<'_> {
     }
 }
 
+/// The search's large tables and `Vec`s between two looks at the resident size: each
+/// doubles its block when full, writing its contents into fresh pages while the old block is
+/// still held, and at MHA decode's sizes one such growth (hundreds of MiB to gigabytes) took
+/// the search 1.3 GiB past an 8 GiB limit between two looks. A table counts as grown
+/// already when, growing as fast as since the last look, it could fill before the next one.
+#[derive(Default)]
+pub struct GrowthWatch {
+    /// Each table's length at the last look, in the order `ahead` is given them.
+    last: Vec<usize>,
+}
+
+impl GrowthWatch {
+    /// The bytes that the tables, given as (length, capacity, element bytes), may add to the
+    /// resident size by growing before the next look: the contents copied by each growth.
+    pub fn ahead(&mut self, tables: &[(usize, usize, usize)]) -> usize {
+        self.last.resize(tables.len(), 0);
+        let mut bytes = 0;
+        for (&(len, capacity, size), last) in tables.iter().zip(&mut self.last) {
+            // Twice the growth since the last look, so an accelerating table is seen in time.
+            let margin = 2 * len.saturating_sub(*last) + 1;
+            if len + margin >= capacity {
+                bytes += capacity * size;
+            }
+            *last = len;
+        }
+        bytes
+    }
+}
+
 /// The process's resident memory in MiB (`VmRSS` of `/proc/self/status`), where the system
 /// reports it.
 pub fn resident_mib() -> Option<usize> {
@@ -4352,6 +4408,26 @@ mod tests {
             _ => Err(Refusal::DeadComponent),
         };
         LoweringQueue::new(scope, check, rebuild, early)
+    }
+
+    /// A table counts as grown, its contents as bytes the next growth writes, when growing
+    /// as fast as since the last look it could fill before the next look; one far from full,
+    /// or one that stopped growing short of full, does not.
+    #[test]
+    fn a_table_that_may_fill_before_the_next_look_counts_as_grown() {
+        let mut watch = GrowthWatch::default();
+        assert_eq!(watch.ahead(&[(10, 1000, 8)]), 0);
+        // 300 more: 310 + 2 × 300 + 1 < 1000.
+        assert_eq!(watch.ahead(&[(310, 1000, 8)]), 0);
+        // 300 more again: 610 + 601 ≥ 1000.
+        assert_eq!(watch.ahead(&[(610, 1000, 8)]), 8000);
+        assert_eq!(watch.ahead(&[(610, 1000, 8)]), 0);
+        assert_eq!(watch.ahead(&[(1000, 1000, 8)]), 8000);
+        let mut two = GrowthWatch::default();
+        assert_eq!(
+            two.ahead(&[(16, 16, 4), (50, 100, 1), (0, 100, 1)]),
+            64 + 100
+        );
     }
 
     /// Early compaction: a program refused before it was sent while a program of its class

@@ -244,6 +244,17 @@ impl TypedEGraph {
                     ty: None,
                 };
                 let enode = ENode::from_node(&node, n.input, children, &types)?;
+                // An unknown reducer would leave the e-node untyped, and the e-graph another
+                // one than the dump's, without a word (the parser checks this for dump text).
+                if let Op::ReduceAxis { reducer, .. } | Op::ReduceParallel { reducer, .. } =
+                    &enode.op
+                {
+                    if let ReducerRef::User(name) = reducer {
+                        if egraph.analysis.env.reducer(name.as_str()).is_none() {
+                            return Err(format!("e-class %{cid}: unknown reducer `{reducer}`"));
+                        }
+                    }
+                }
                 let id = egraph.add(enode);
                 match made.get(&cid) {
                     Some(&existing) => {

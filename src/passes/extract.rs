@@ -58,7 +58,7 @@ pub fn extract_info() -> PassInfo {
             name: "max-memory",
             kind: OptionKind::Int,
             default: "8192",
-            help: "stop once the process's resident memory reaches this many MiB (0: no limit; read where the system reports it, as on Linux); unset, 8192 or three quarters of the machine's memory, whichever is less",
+            help: "stop once the process's resident memory reaches this many MiB, or would with the next growth of the search's tables (0: no limit; read where the system reports it, as on Linux); unset, 8192 or three quarters of the machine's memory, whichever is less",
         },
         OptionInfo {
             name: "max-kernels",
