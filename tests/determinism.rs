@@ -19,6 +19,20 @@ fn run(passes: &str, example: &str) -> String {
         .join("\n")
 }
 
+/// `examples/NAME.ef`, verified, and its first function's e-graph saturated with every rule.
+fn saturated(example: &str) -> (efopt::ir::Module, efopt::egraph::TypedEGraph) {
+    use efopt::egraph::rules::all_rules;
+    use efopt::egraph::runner::Runner;
+    let path = format!("{}/examples/{example}.ef", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).expect("example");
+    let mut m = efopt::parse::parse_module(&text, 0).expect("parses");
+    efopt::passes::verify::verify_module(&mut m).expect("verifies");
+    let mut g =
+        efopt::egraph::TypedEGraph::from_function(&m.funcs[0], &m.reducers).expect("e-graph");
+    Runner::default().run(&mut g, &all_rules());
+    (m, g)
+}
+
 #[test]
 fn two_processes_print_the_same_egraph_and_candidates() {
     for (passes, example) in [
@@ -45,12 +59,7 @@ fn resaturating_a_dump_written_in_another_class_order_adds_nothing() {
     use efopt::egraph::runner::Runner;
     use efopt::egraph::TypedEGraph;
     for example in ["rmsnorm_gemm", "layernorm_gemm", "rowsum_tiled"] {
-        let path = format!("{}/examples/{example}.ef", env!("CARGO_MANIFEST_DIR"));
-        let text = std::fs::read_to_string(&path).expect("example");
-        let mut m = efopt::parse::parse_module(&text, 0).expect("parses");
-        efopt::passes::verify::verify_module(&mut m).expect("verifies");
-        let mut g = TypedEGraph::from_function(&m.funcs[0], &m.reducers).expect("e-graph");
-        Runner::default().run(&mut g, &all_rules());
+        let (_, g) = saturated(example);
         let size = |g: &TypedEGraph| {
             (
                 g.egraph.number_of_classes(),
@@ -79,15 +88,8 @@ fn resaturating_a_dump_written_in_another_class_order_adds_nothing() {
 /// definitions it is refused, not loaded as some other e-graph.
 #[test]
 fn a_dump_rebuilt_without_its_reducers_is_refused() {
-    use efopt::egraph::rules::all_rules;
-    use efopt::egraph::runner::Runner;
     use efopt::egraph::TypedEGraph;
-    let path = format!("{}/examples/rmsnorm_gemm.ef", env!("CARGO_MANIFEST_DIR"));
-    let text = std::fs::read_to_string(&path).expect("example");
-    let mut m = efopt::parse::parse_module(&text, 0).expect("parses");
-    efopt::passes::verify::verify_module(&mut m).expect("verifies");
-    let mut g = TypedEGraph::from_function(&m.funcs[0], &m.reducers).expect("e-graph");
-    Runner::default().run(&mut g, &all_rules());
+    let (m, g) = saturated("rmsnorm_gemm");
     let dump = g.to_dump();
     let made: Vec<_> = g
         .egraph
