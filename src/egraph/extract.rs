@@ -955,6 +955,7 @@ impl Interner {
         out.push((self.keys.len(), self.keys.capacity(), key));
         let info = std::mem::size_of::<KeyInfo>();
         out.push((self.info.len(), self.info.capacity(), info));
+        // (hash, id) and a control byte per bucket.
         out.push((self.table.len(), self.table.capacity(), 17));
         self.steps.steps.tables(out);
     }
@@ -4020,7 +4021,7 @@ impl Drop for LoweringQueue<'_> {
 /// the search 1.3 GiB past an 8 GiB limit between two looks. A table counts as grown
 /// already when, growing as fast as since the last look, it could fill before the next one.
 #[derive(Default)]
-pub struct GrowthWatch {
+struct GrowthWatch {
     /// Each table's length at the last look, in the order `ahead` is given them.
     last: Vec<usize>,
 }
@@ -4028,7 +4029,7 @@ pub struct GrowthWatch {
 impl GrowthWatch {
     /// The bytes that the tables, given as (length, capacity, element bytes), may add to the
     /// resident size by growing before the next look: the contents copied by each growth.
-    pub fn ahead(&mut self, tables: &[(usize, usize, usize)]) -> usize {
+    fn ahead(&mut self, tables: &[(usize, usize, usize)]) -> usize {
         self.last.resize(tables.len(), 0);
         let mut bytes = 0;
         for (&(len, capacity, size), last) in tables.iter().zip(&mut self.last) {
