@@ -243,18 +243,24 @@ impl TypedEGraph {
                     span: n.span,
                     ty: None,
                 };
-                let enode = ENode::from_node(&node, n.input, children, &types)?;
-                // An unknown reducer would leave the e-node untyped, and the e-graph another
-                // one than the dump's, without a word (the parser checks this for dump text).
-                if let Op::ReduceAxis { reducer, .. } | Op::ReduceParallel { reducer, .. } =
-                    &enode.op
+                // Each e-node has its class's type, as the verifier requires of dump text: one
+                // that does not type (over a reducer not given, say) would be added untyped,
+                // and the e-graph would be another than the dump's, without a word.
+                if let Some(&ty) = class_ty
+                    .get(&cid)
+                    .filter(|_| types.len() == n.children.len())
                 {
-                    if let ReducerRef::User(name) = reducer {
-                        if egraph.analysis.env.reducer(name.as_str()).is_none() {
-                            return Err(format!("e-class %{cid}: unknown reducer `{reducer}`"));
+                    match infer(&n.kind, &types, Some(ty), &egraph.analysis.env) {
+                        Ok(t) if t == *ty => {}
+                        Ok(t) => {
+                            return Err(format!(
+                                "e-class %{cid} of type {ty} has an e-node of type {t}"
+                            ))
                         }
+                        Err(e) => return Err(format!("e-class %{cid}: {}", e.message)),
                     }
                 }
+                let enode = ENode::from_node(&node, n.input, children, &types)?;
                 let id = egraph.add(enode);
                 match made.get(&cid) {
                     Some(&existing) => {
