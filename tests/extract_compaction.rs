@@ -991,26 +991,53 @@ fn lowering_in_the_background_changes_nothing_but_the_time() {
 }
 
 /// Building the output functions of a long run takes memory of its own, so the `extract`
-/// pass asks its memory limit before each one (`candidate_functions`). Once the limit is
-/// hit, the rest are left out: the output is the first candidates, exactly as an unlimited
-/// output has them, numbered and counted among themselves.
+/// pass asks its memory limit before each chunk of them (`candidate_functions`). Once the
+/// limit is hit, the rest are left out: the output is the first candidates, exactly as an
+/// unlimited output has them, numbered and counted among themselves.
 #[test]
 fn the_output_stops_at_the_memory_limit_keeping_the_first_candidates() {
     use efopt::passes::extract::candidate_functions;
     let g = saturated_example("gated_mlp", 30);
     let x = ExtractGraph::new(&g).expect("extractable");
     let report = extractor(&g, Compaction::Early).run(&x);
-    let all = candidate_functions(&x, "gated_mlp", &report.candidates, || false);
+    let all = candidate_functions(&x, "gated_mlp", &report.candidates, 1, || false);
     assert_eq!(all.functions.len(), report.candidates.len());
-    assert!(all.functions.len() > 10, "{}", all.functions.len());
-    // Over the limit from the eleventh candidate on.
+    assert!(all.functions.len() > 12, "{}", all.functions.len());
+    // Chunks of four, built in parallel, give what one at a time gives.
+    let chunked = candidate_functions(&x, "gated_mlp", &report.candidates, 4, || false);
+    assert_eq!(chunked.listed, all.listed);
+    // Printed with their comments, or without (the count in a comment is of those output).
+    let texts = |out: &efopt::passes::extract::CandidateOutput, comments: bool| {
+        let print = efopt::ir::print::PrintOptions::default();
+        out.functions
+            .iter()
+            .map(|f| {
+                let f = efopt::ir::Function {
+                    comment: f.comment.clone().filter(|_| comments),
+                    ..f.clone()
+                };
+                efopt::ir::print::print_function(&f, print)
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(texts(&chunked, true), texts(&all, true));
+    // One at a time, over the limit from the eleventh candidate on; in chunks of four, from
+    // the third chunk on.
     let mut asked = 0;
-    let first = candidate_functions(&x, "gated_mlp", &report.candidates, || {
+    let first = candidate_functions(&x, "gated_mlp", &report.candidates, 1, || {
         asked += 1;
         asked > 10
     });
     assert_eq!(first.functions.len(), 10);
     assert_eq!(first.listed.len(), 10);
+    let mut asked = 0;
+    let chunks = candidate_functions(&x, "gated_mlp", &report.candidates, 4, || {
+        asked += 1;
+        asked > 2
+    });
+    assert_eq!(chunks.functions.len(), 8);
+    assert_eq!(chunks.listed[..], first.listed[..8]);
+    assert_eq!(texts(&chunks, false)[..], texts(&first, false)[..8]);
     for (i, (f, g)) in first.functions.iter().zip(&all.functions).enumerate() {
         let text = |f: &efopt::ir::Function| {
             let f = efopt::ir::Function {
@@ -1025,6 +1052,12 @@ fn the_output_stops_at_the_memory_limit_keeping_the_first_candidates() {
             comment.starts_with(&format!("candidate {i} of 10: ")),
             "{comment}"
         );
+        let cost = &first.listed[i]["estimated_cost"];
+        assert!(
+            comment.ends_with(&format!("; estimated cost: {cost}")),
+            "{comment}"
+        );
+        assert_eq!(comment.matches("candidate ").count(), 1, "{comment}");
     }
 }
 
