@@ -991,9 +991,9 @@ fn lowering_in_the_background_changes_nothing_but_the_time() {
 }
 
 /// Building the output functions of a long run takes memory of its own, so the `extract`
-/// pass asks its memory limit before each chunk of them (`candidate_functions`). Once the
-/// limit is hit, the rest are left out: the output is the first candidates, exactly as an
-/// unlimited output has them, numbered and counted among themselves.
+/// pass asks its memory limit before each chunk of them but the first (`candidate_functions`).
+/// Once the limit is hit, the rest are left out: the output is the first candidates, exactly
+/// as an unlimited output has them, numbered and counted among themselves.
 #[test]
 fn the_output_stops_at_the_memory_limit_keeping_the_first_candidates() {
     use efopt::passes::extract::candidate_functions;
@@ -1021,21 +1021,24 @@ fn the_output_stops_at_the_memory_limit_keeping_the_first_candidates() {
             .collect::<Vec<_>>()
     };
     assert_eq!(texts(&chunked, true), texts(&all, true));
-    // One at a time, over the limit from the eleventh candidate on; in chunks of four, from
-    // the third chunk on.
+    // The limit is asked before each chunk but the first. One at a time, over it from the
+    // eleventh candidate on; in chunks of four, from the third chunk on.
     let mut asked = 0;
     let first = candidate_functions(&x, "gated_mlp", &report.candidates, 1, || {
         asked += 1;
-        asked > 10
+        asked > 9
     });
     assert_eq!(first.functions.len(), 10);
     assert_eq!(first.listed.len(), 10);
     let mut asked = 0;
     let chunks = candidate_functions(&x, "gated_mlp", &report.candidates, 4, || {
         asked += 1;
-        asked > 2
+        asked > 1
     });
     assert_eq!(chunks.functions.len(), 8);
+    // A search that ended at the limit still outputs its first chunk.
+    let over_at_once = candidate_functions(&x, "gated_mlp", &report.candidates, 4, || true);
+    assert_eq!(texts(&over_at_once, false)[..], texts(&first, false)[..4]);
     assert_eq!(chunks.listed[..], first.listed[..8]);
     assert_eq!(texts(&chunks, false)[..], texts(&first, false)[..8]);
     for (i, (f, g)) in first.functions.iter().zip(&all.functions).enumerate() {

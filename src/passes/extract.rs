@@ -310,9 +310,9 @@ pub struct CandidateOutput {
 
 /// Rebuilds `candidates` (of e-graph `name`) as functions, in order. Building them takes
 /// memory of its own: at the end of a 20 s MHA decode run it added 44% to the search's
-/// peak. So `over_memory` is asked before each `chunk` of them (the pass: `OUTPUT_CHUNK`),
-/// and once it says so the rest are left out: the first candidates, which the search found
-/// first, are kept. A chunk's functions are built in parallel and kept in order, so the
+/// peak. So `over_memory` is asked before each `chunk` of them after the first (the pass:
+/// `OUTPUT_CHUNK`), and once it says so the rest are left out: the first candidates, which
+/// the search found first, are kept. A chunk's functions are built in parallel and kept in order, so the
 /// output does not depend on the threads.
 pub fn candidate_functions(
     x: &ExtractGraph,
@@ -329,7 +329,9 @@ pub fn candidate_functions(
         listed: Vec::with_capacity(candidates.len()),
     };
     for (n, part) in candidates.chunks(size).enumerate() {
-        if over_memory() {
+        // The first chunk is output whatever the limit says: a search that ended at the limit
+        // still gives its first candidates.
+        if n > 0 && over_memory() {
             break;
         }
         let first = n * size;
