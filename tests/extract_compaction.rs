@@ -1000,11 +1000,11 @@ fn the_output_stops_at_the_memory_limit_keeping_the_first_candidates() {
     let g = saturated_example("gated_mlp", 30);
     let x = ExtractGraph::new(&g).expect("extractable");
     let report = extractor(&g, Compaction::Early).run(&x);
-    let all = candidate_functions(&x, "gated_mlp", &report.candidates, 1, || false);
+    let all = candidate_functions(&x, "gated_mlp", &report.candidates, 1, |_| false);
     assert_eq!(all.functions.len(), report.candidates.len());
     assert!(all.functions.len() > 12, "{}", all.functions.len());
     // Chunks of four, built in parallel, give what one at a time gives.
-    let chunked = candidate_functions(&x, "gated_mlp", &report.candidates, 4, || false);
+    let chunked = candidate_functions(&x, "gated_mlp", &report.candidates, 4, |_| false);
     assert_eq!(chunked.listed, all.listed);
     // Printed with their comments, or without (the count in a comment is of those output).
     let texts = |out: &efopt::passes::extract::CandidateOutput, comments: bool| {
@@ -1024,20 +1024,22 @@ fn the_output_stops_at_the_memory_limit_keeping_the_first_candidates() {
     // The limit is asked before each chunk but the first. One at a time, over it from the
     // eleventh candidate on; in chunks of four, from the third chunk on.
     let mut asked = 0;
-    let first = candidate_functions(&x, "gated_mlp", &report.candidates, 1, || {
+    let first = candidate_functions(&x, "gated_mlp", &report.candidates, 1, |built| {
         asked += 1;
+        assert_eq!(built, asked, "asked with the number built");
         asked > 9
     });
     assert_eq!(first.functions.len(), 10);
     assert_eq!(first.listed.len(), 10);
     let mut asked = 0;
-    let chunks = candidate_functions(&x, "gated_mlp", &report.candidates, 4, || {
+    let chunks = candidate_functions(&x, "gated_mlp", &report.candidates, 4, |built| {
         asked += 1;
+        assert_eq!(built, 4 * asked, "asked with the number built");
         asked > 1
     });
     assert_eq!(chunks.functions.len(), 8);
     // A search that ended at the limit still outputs its first chunk.
-    let over_at_once = candidate_functions(&x, "gated_mlp", &report.candidates, 4, || true);
+    let over_at_once = candidate_functions(&x, "gated_mlp", &report.candidates, 4, |_| true);
     assert_eq!(texts(&over_at_once, false)[..], texts(&first, false)[..4]);
     assert_eq!(chunks.listed[..], first.listed[..8]);
     assert_eq!(texts(&chunks, false)[..], texts(&first, false)[..8]);

@@ -12,6 +12,7 @@ use crate::egraph::extract::{
 use crate::ir::{Function, Module, ReducerDef};
 use rayon::prelude::*;
 use std::fmt::Write as _;
+use std::time::{Duration, Instant};
 
 /// The Triton backend's lowerability test, as the extractor takes it: candidates of an
 /// e-graph whose reducers (the module's and those fusion generated) are `reducers`.
@@ -226,14 +227,38 @@ impl Pass for ExtractPass {
                 );
                 continue;
             }
-            // Reading the resident size costs microseconds: once a chunk (`OUTPUT_CHUNK`).
-            let over_memory = || {
+            // Building the output of a long run takes seconds (MHA decode at 8 GiB: 272,160
+            // functions in 10 s), so a run that shows progress shows it here too, on the same
+            // terms: once the run is past a second, every quarter second.
+            let output_start = Instant::now();
+            let mut next_report = Duration::from_secs(1);
+            let mut output_shown = false;
+            let elapsed = || Duration::from_secs_f64(report.seconds) + output_start.elapsed();
+            let show = |built: usize, elapsed: Duration| {
+                eprint!(
+                    "\r// extract @{}: {built} of {total} output functions built, {:.1} s   ",
+                    g.name,
+                    elapsed.as_secs_f64()
+                );
+            };
+            let stop_before = |built: usize| {
+                let elapsed = elapsed();
+                if cx.progress && elapsed >= next_report {
+                    next_report = elapsed + Duration::from_millis(250);
+                    output_shown = true;
+                    show(built, elapsed);
+                }
+                // Reading the resident size costs microseconds: once a chunk (`OUTPUT_CHUNK`).
                 self.max_memory.is_some_and(|limit| {
                     crate::egraph::extract::resident_mib().is_some_and(|m| m >= limit)
                 })
             };
             let output =
-                candidate_functions(&x, &g.name, &report.candidates, OUTPUT_CHUNK, over_memory);
+                candidate_functions(&x, &g.name, &report.candidates, OUTPUT_CHUNK, stop_before);
+            if output_shown {
+                show(output.functions.len(), elapsed());
+                eprintln!();
+            }
             let output_stop = (output.functions.len() < total).then(|| {
                 let limit = self.max_memory.unwrap_or_default();
                 cx.diagnostics.push(Diagnostic::global(
@@ -310,16 +335,17 @@ pub struct CandidateOutput {
 
 /// Rebuilds `candidates` (of e-graph `name`) as functions, in order. Building them takes
 /// memory of its own: at the end of a 20 s MHA decode run it added 44% to the search's
-/// peak. So `over_memory` is asked before each `chunk` of them after the first (the pass:
-/// `OUTPUT_CHUNK`), and once it says so the rest are left out: the first candidates, which
-/// the search found first, are kept. A chunk's functions are built in parallel and kept in order, so the
+/// peak. So `stop_before` is asked, with the number built so far, before each `chunk` of them
+/// after the first (the pass: `OUTPUT_CHUNK`; it checks the memory limit and shows progress),
+/// and once it says so the rest are left out: the first candidates, which the search found
+/// first, are kept. A chunk's functions are built in parallel and kept in order, so the
 /// output does not depend on the threads.
 pub fn candidate_functions(
     x: &ExtractGraph,
     name: &str,
     candidates: &[Candidate],
     chunk: usize,
-    mut over_memory: impl FnMut() -> bool,
+    mut stop_before: impl FnMut(usize) -> bool,
 ) -> CandidateOutput {
     let size = chunk.max(1);
     // Room for every candidate from the start: a list that doubles as it fills holds its old
@@ -331,7 +357,7 @@ pub fn candidate_functions(
     for (n, part) in candidates.chunks(size).enumerate() {
         // The first chunk is output whatever the limit says: a search that ended at the limit
         // still gives its first candidates.
-        if n > 0 && over_memory() {
+        if n > 0 && stop_before(output.functions.len()) {
             break;
         }
         let first = n * size;
