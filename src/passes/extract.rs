@@ -373,7 +373,7 @@ pub fn candidate_functions(
                 // output may have stopped at the memory limit. (A new comment per function took
                 // MHA decode's output 15 MiB past a 2 GiB limit after it had stopped.)
                 let line = summary.line();
-                let mut comment = String::with_capacity(COUNT_ROOM + line.len() + 40);
+                let mut comment = String::with_capacity(COUNT_ROOM + line.len() + COST_ROOM);
                 comment.push_str(&line);
                 let _ = write!(comment, "; estimated cost: {}", c.cost);
                 f.comment = Some(comment);
@@ -404,12 +404,14 @@ pub fn candidate_functions(
     output
 }
 
-/// The longest `candidate I of N: ` with 64-bit counts.
+/// The longest `candidate I of N: ` and `; estimated cost: C` with 64-bit numbers.
 const COUNT_ROOM: usize = "candidate  of : ".len() + 2 * 20;
+const COST_ROOM: usize = "; estimated cost: ".len() + 20;
 
 /// Candidates built between two looks at the resident size, in parallel. On the 2-core
 /// development machine this took the building of RMSNorm–SwiGLU's 24,404 output functions
-/// from 0.91–0.97 s to 0.60–0.62 s (the pass's wall time less the search's, three runs each).
+/// from 0.99–1.03 s to 0.65–0.67 s (the pass's wall time less the search's, three runs each
+/// alternated, 2026-11-26).
 pub const OUTPUT_CHUNK: usize = 32;
 
 /// The `max-memory` an unset option means: 8192 MiB, or three quarters of the machine's
