@@ -70,11 +70,8 @@ fn main() {
         // breaks ties by class id, so the live e-graph's numbering gives other counts (the
         // same classes; RMSNorm–MLP 85,119 expanded states against the CLI's 83,266).
         // The dump names the reducers saturation made (product fusion), as the pass adds them.
-        for r in g.egraph.analysis.env.reducers() {
-            if m.reducers.iter().all(|known| known.name != r.name) {
-                m.reducers.push(r.clone());
-            }
-        }
+        let made: Vec<_> = g.made_reducers(&m.reducers).cloned().collect();
+        m.reducers.extend(made);
         let Ok(g) = TypedEGraph::from_dump(&g.to_dump(), &m.reducers) else {
             println!("{name:<16} its dump does not rebuild");
             continue;

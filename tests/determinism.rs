@@ -91,15 +91,7 @@ fn a_dump_rebuilt_without_its_reducers_is_refused() {
     use efopt::egraph::TypedEGraph;
     let (m, g) = saturated("rmsnorm_gemm");
     let dump = g.to_dump();
-    let made: Vec<_> = g
-        .egraph
-        .analysis
-        .env
-        .reducers()
-        .iter()
-        .filter(|r| m.reducers.iter().all(|known| known.name != r.name))
-        .cloned()
-        .collect();
+    let made: Vec<_> = g.made_reducers(&m.reducers).cloned().collect();
     assert!(!made.is_empty(), "saturation made no reducer");
     let err = TypedEGraph::from_dump(&dump, &m.reducers)
         .err()

@@ -209,6 +209,18 @@ impl TypedEGraph {
         })
     }
 
+    /// The reducers this e-graph knows that `known` lacks: those saturation made (product
+    /// fusion). Its dump names them, so whoever rebuilds it from the dump must be given them.
+    pub fn made_reducers<'a>(
+        &'a self,
+        known: &'a [ReducerDef],
+    ) -> impl Iterator<Item = &'a ReducerDef> + 'a {
+        let env = &self.egraph.analysis.env;
+        env.reducers()
+            .iter()
+            .filter(|r| known.iter().all(|k| k.name != r.name))
+    }
+
     /// Rebuilds the e-graph a dump describes (the dump must verify).
     pub fn from_dump(g: &EGraphDump, reducers: &[ReducerDef]) -> Result<TypedEGraph, String> {
         let mut egraph = new_egraph(reducers);
@@ -246,10 +258,7 @@ impl TypedEGraph {
                 // Each e-node has its class's type, as the verifier requires of dump text: one
                 // that does not type (over a reducer not given, say) would be added untyped,
                 // and the e-graph would be another than the dump's, without a word.
-                if let Some(&ty) = class_ty
-                    .get(&cid)
-                    .filter(|_| types.len() == n.children.len())
-                {
+                if let Some(&ty) = class_ty.get(&cid) {
                     match infer(&n.kind, &types, Some(ty), &egraph.analysis.env) {
                         Ok(t) if t == *ty => {}
                         Ok(t) => {

@@ -174,11 +174,8 @@ impl Pass for SaturatePass {
                 "seconds": report.seconds,
                 "rule_applications": applied,
             }));
-            for r in g.egraph.analysis.env.reducers() {
-                if module.reducers.iter().all(|m| m.name != r.name) {
-                    module.reducers.push(r.clone());
-                }
-            }
+            let made: Vec<_> = g.made_reducers(&module.reducers).cloned().collect();
+            module.reducers.extend(made);
             dumps.push(g.to_dump());
         }
         cx.counters
