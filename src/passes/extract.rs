@@ -111,6 +111,7 @@ pub fn extract_info() -> PassInfo {
                     .ok()
                     .filter(|n: &usize| *n > 0),
                 no_pointwise_kernels: opts.get(info, "pointwise-kernels") == "drop",
+                resident_mib: crate::egraph::extract::resident_mib,
             })
         },
     }
@@ -125,6 +126,9 @@ struct ExtractPass {
     max_memory: Option<usize>,
     max_kernels: Option<usize>,
     no_pointwise_kernels: bool,
+    /// What the output's memory limit reads: the process's resident size. (A test gives it
+    /// another, to stop the output where it chooses.)
+    resident_mib: fn() -> Option<usize>,
 }
 
 impl Pass for ExtractPass {
@@ -249,9 +253,8 @@ impl Pass for ExtractPass {
                     show(built, elapsed);
                 }
                 // Reading the resident size costs microseconds: once a chunk (`OUTPUT_CHUNK`).
-                self.max_memory.is_some_and(|limit| {
-                    crate::egraph::extract::resident_mib().is_some_and(|m| m >= limit)
-                })
+                self.max_memory
+                    .is_some_and(|limit| (self.resident_mib)().is_some_and(|m| m >= limit))
             };
             let output =
                 candidate_functions(&x, &g.name, &report.candidates, OUTPUT_CHUNK, stop_before);
@@ -437,6 +440,91 @@ mod tests {
         assert_eq!(default_memory_limit(Some(24 * 1024)), 8192);
         assert_eq!(default_memory_limit(Some(4096)), 3072);
         assert_eq!(default_memory_limit(Some(0)), 1);
+    }
+
+    /// The output stopped at the memory limit: the summary line, the remark and the
+    /// `--stats=json` row give the number output, not the number found. (The real resident
+    /// size cannot stop it at a chosen place; this reader is over any limit at every look.)
+    #[test]
+    fn an_output_stopped_at_the_memory_limit_is_counted_as_output() {
+        let text = include_str!("../../examples/gated_mlp.ef");
+        let mut sources = crate::diag::SourceMap::default();
+        let source = sources.add("gated_mlp.ef", text);
+        let mut module = crate::parse::parse_module(text, source).expect("parses");
+        crate::passes::verify::verify_module(&mut module).expect("verifies");
+        let original = module.clone();
+        let info = |name: &str| {
+            crate::passes::registry()
+                .into_iter()
+                .find(|p| p.name == name)
+                .expect("registered")
+        };
+        fn context<'a>(
+            sources: &'a mut crate::diag::SourceMap,
+            original: &'a Module,
+        ) -> PassContext<'a> {
+            PassContext {
+                sources,
+                original,
+                seed: 0,
+                base_dir: std::path::PathBuf::new(),
+                report: Vec::new(),
+                diagnostics: Vec::new(),
+                counters: Default::default(),
+                emitted: None,
+                progress: false,
+            }
+        }
+        let saturate = info("saturate");
+        let mut pass = (saturate.create)(&saturate, &crate::passes::PassOptions::default());
+        pass.run(&mut module, &mut context(&mut sources, &original))
+            .expect("saturates");
+        let mut pass = ExtractPass {
+            compaction: Compaction::Early,
+            hole_order: HoleOrder::FewestNodes,
+            hole_context: HoleContext::Forms,
+            max_candidates: usize::MAX,
+            time_limit: 60.0,
+            max_memory: Some(4096),
+            max_kernels: None,
+            no_pointwise_kernels: false,
+            resident_mib: || Some(usize::MAX),
+        };
+        let mut cx = context(&mut sources, &original);
+        pass.run(&mut module, &mut cx).expect("extracts");
+        // The search does not read this reader: it finds every candidate.
+        let row = &cx.counters["egraphs"][0];
+        let found = row["distinct_candidates"].as_u64().expect("a count") as usize;
+        assert!(found > OUTPUT_CHUNK, "{found} candidates");
+        // The first chunk is output whatever the limit says; the limit stops the rest.
+        assert_eq!(module.funcs.len(), OUTPUT_CHUNK);
+        assert_eq!(row["output"], OUTPUT_CHUNK);
+        assert_eq!(
+            row["candidates"].as_array().map(Vec::len),
+            Some(OUTPUT_CHUNK)
+        );
+        assert_eq!(row["output_stop"], "memory limit (4096 MiB) reached");
+        let summary = cx.report.last().expect("a summary line");
+        assert!(
+            summary.contains(&format!(", {found} distinct, {OUTPUT_CHUNK} output,")),
+            "{summary}"
+        );
+        let remark = format!(
+            "extract @gated_mlp: output stopped at the memory limit (4096 MiB): the first {OUTPUT_CHUNK} of {found} candidates are output"
+        );
+        assert!(
+            cx.diagnostics.iter().any(|d| d.message == remark),
+            "{:?}",
+            cx.diagnostics
+                .iter()
+                .map(|d| &d.message)
+                .collect::<Vec<_>>()
+        );
+        let comment = module.funcs[0].comment.as_deref().unwrap_or_default();
+        assert!(
+            comment.starts_with(&format!("candidate 0 of {OUTPUT_CHUNK}: ")),
+            "{comment}"
+        );
     }
 
     #[test]
