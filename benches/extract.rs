@@ -1,7 +1,9 @@
 //! Extraction cost in the three compaction modes on every workload of
 //! ../shared/design/workloads.md at B = 16: expanded partial programs, complete candidates,
 //! distinct candidates and time, with a time limit per run (EFOPT_EXTRACT_SECS, default 10).
-//! A fourth row, `drop`, is early compaction with `pointwise-kernels=drop`.
+//! A fourth row, `drop`, is early compaction with `pointwise-kernels=drop`, and a fifth,
+//! `1-kern`, early compaction with `max-kernels=1` (every single-kernel candidate). `refused`
+//! counts complete programs `lower` refuses (not output).
 //! Run with `cargo bench --bench extract`. The paper reports 128–2,465× fewer expanded states
 //! with early compaction than with compaction after completion, and the same distinct count;
 //! the factor needs both runs to finish, so `EFOPT_EXTRACT_FULL_SECS` gives the `none` and
@@ -41,8 +43,16 @@ fn main() {
         .unwrap_or(secs);
     let filter = std::env::var("EFOPT_BENCH_FILTER").ok();
     println!(
-        "{:<16} {:<6} {:>10} {:>9} {:>9} {:>9}  {:<26} {:>9}",
-        "workload", "mode", "expanded", "complete", "distinct", "time (s)", "stop", "paper (s)"
+        "{:<16} {:<6} {:>10} {:>9} {:>9} {:>8} {:>9}  {:<26} {:>9}",
+        "workload",
+        "mode",
+        "expanded",
+        "complete",
+        "distinct",
+        "refused",
+        "time (s)",
+        "stop",
+        "paper (s)"
     );
     for (name, paper) in WORKLOADS {
         if filter.as_deref().is_some_and(|f| !name.contains(f)) {
@@ -101,34 +111,40 @@ fn main() {
             expanded.push(r.expanded);
             exhausted.push(r.stop == efopt::egraph::extract::ExtractStop::Exhausted);
             println!(
-                "{:<16} {:<6} {:>10} {:>9} {:>9} {:>9.2}  {:<26} {:>9}",
+                "{:<16} {:<6} {:>10} {:>9} {:>9} {:>8} {:>9.2}  {:<26} {:>9}",
                 name,
                 format!("{mode:?}").to_lowercase(),
                 r.expanded,
                 r.complete,
                 r.distinct,
+                r.not_lowerable,
                 r.seconds,
                 r.stop.to_string(),
                 if mode == Compaction::Early { paper } else { "" }
             );
         }
-        // Early compaction without pointwise kernels (`extract{pointwise-kernels=drop}`).
-        let r = Extractor::default()
-            .with_lowerable(check.clone())
-            .with_no_pointwise_kernels(true)
-            .with_max_candidates(usize::MAX)
-            .with_time_limit(Duration::from_secs_f64(secs))
-            .run(&x);
-        println!(
-            "{:<16} {:<6} {:>10} {:>9} {:>9} {:>9.2}  {:<26}",
-            name,
-            "drop",
-            r.expanded,
-            r.complete,
-            r.distinct,
-            r.seconds,
-            r.stop.to_string(),
-        );
+        // Early compaction without pointwise kernels (`extract{pointwise-kernels=drop}`), and
+        // with single-kernel candidates only (`extract{max-kernels=1}`).
+        for (row, drop, max_kernels) in [("drop", true, None), ("1-kern", false, Some(1))] {
+            let r = Extractor::default()
+                .with_lowerable(check.clone())
+                .with_no_pointwise_kernels(drop)
+                .with_max_kernels(max_kernels)
+                .with_max_candidates(usize::MAX)
+                .with_time_limit(Duration::from_secs_f64(secs))
+                .run(&x);
+            println!(
+                "{:<16} {:<6} {:>10} {:>9} {:>9} {:>8} {:>9.2}  {:<26}",
+                name,
+                row,
+                r.expanded,
+                r.complete,
+                r.distinct,
+                r.not_lowerable,
+                r.seconds,
+                r.stop.to_string(),
+            );
+        }
         // Both runs must finish for the paper's factor; a cut "after" run gives a floor.
         let ratio = expanded[1] as f64 / expanded[2].max(1) as f64;
         match (exhausted[1], exhausted[2]) {
