@@ -167,11 +167,28 @@ fn check_hand_written(file: &str, functions: u64, kernels: u64) {
 }
 
 /// Hand-written folds: an all-reduce collection fold before the kernel's other loop, a
-/// one-field user reducer over a tile dimension, a collection fold inside a kernel and a
-/// whole (combined in-kernel) axis, all run and compiled.
+/// one-field user reducer over a tile dimension, a collection fold inside a kernel, a
+/// whole (combined in-kernel) axis and an axis both folded in a loop and on the grid, all
+/// run and compiled.
 #[test]
 fn all_reduce_and_user_reducer_folds_run_and_compile() {
-    check_hand_written("tests/lit/lower/folds.ef", 4, 5);
+    check_hand_written("tests/lit/lower/folds.ef", 5, 6);
+}
+
+/// Single-kernel MHA decode candidates that split the head dimension `d` of the output
+/// across programs while each folds `Q Kᵀ` over `d` in a loop (`d` a grid and a loop axis;
+/// `lower` refused all such programs before), two of them with a fold over `d` hoisted out of
+/// the loop over `k` beside one inside it (which shared one loop, reading `k` offsets before
+/// that loop opened). Extracted by `extract{max-kernels=1}`; run, compared and compiled.
+#[test]
+fn head_split_attention_candidates_run_and_compile() {
+    let summary = check_file(
+        "tests/inputs/mha_decode_head_split.ef",
+        &["B=2", "NH=2", "K=64", "D=32"],
+        "triton-check{compile=sm_90 blocks=16,32}",
+    );
+    assert_eq!(count(&summary, " checked"), 4, "{summary}");
+    assert!(count(&summary, " kernel compilation") >= 4, "{summary}");
 }
 
 /// Multi-head attention: batched (rank-4) products, as a 3-d `tl.dot` or, with one query row

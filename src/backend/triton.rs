@@ -7,7 +7,9 @@
 //! matrix products replace the overhang by the reduction's identity (0 for products) first,
 //! so values computed on padding never reach a result. Grid axes become one flattened
 //! program id; loop axes become `for` loops whose fold state is loop-carried (nested when a
-//! fold sits inside another fold's loop), and an axis combined inside the kernel is computed
+//! fold sits inside another fold's loop; an axis both on the grid and folded keeps its grid
+//! coordinate as `g_<axis>`, and its offsets are restored after each loop over it), and an
+//! axis combined inside the kernel is computed
 //! as one block spanning its dimension. Arithmetic runs
 //! in f32 (a cast to bf16/f16 rounds); matrix-product operands go to the dot in their
 //! program dtype, or in f32 under the interpreter option (the Triton interpreter's bf16 dot
@@ -15,7 +17,7 @@
 
 use crate::ir::print::Namer;
 use crate::ir::*;
-use crate::lower::{kernel_graph, tiled, Kernel, KernelGraph};
+use crate::lower::{kernel_graph, store_axes, stored_after_fold, tiled, Kernel, KernelGraph};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write;
 
@@ -540,21 +542,6 @@ fn reduce_tile(
     })
 }
 
-/// The axes a stored output combines tiles along: its chain of `combination`s, and the axis of
-/// a `collection` under it.
-fn store_axes(body: &Body, mut o: NodeId) -> Vec<String> {
-    let mut axes = Vec::new();
-    while let ExprKind::Combination(_, a, x) = &body.node(o).kind {
-        axes.push(a.to_string());
-        o = *x;
-    }
-    // A collection writes one slice of its stack per tile of its axis.
-    if let ExprKind::Collection(a, _) = &body.node(o).kind {
-        axes.push(a.to_string());
-    }
-    axes
-}
-
 /// A stored tensor: a node and, for a tuple-valued node, the field (0 for a tensor).
 type BufKey = (NodeId, usize);
 
@@ -615,7 +602,7 @@ fn emit_kernel(
         e.names.reserve(&format!("P_{}", b.name));
     }
     for a in k.grid_axes.iter().chain(&k.loop_axes) {
-        for p in ["BLOCK_", "EXT_", "P_EXT_", "c_", "o_", "m_"] {
+        for p in ["BLOCK_", "EXT_", "P_EXT_", "c_", "g_", "o_", "m_"] {
             e.names.reserve(&format!("{p}{a}"));
         }
     }
@@ -628,16 +615,18 @@ fn emit_kernel(
         .filter(|a| !e.whole.contains(*a))
         .collect();
     for a in &grid_axes {
-        e.outer.push(format!("c_{a} = pid % EXT_{a}"));
+        // An axis the kernel also folds over keeps its grid coordinate apart from the loop's.
+        let coord = e.grid_coordinate(a);
+        e.outer.push(format!("{coord} = pid % EXT_{a}"));
         e.outer.push(format!("pid = pid // EXT_{a}"));
-        e.axis_offsets(a, false);
+        e.axis_offsets_from(a, &coord, None);
     }
     // Stores along a loop axis happen inside that loop, when it closes; the others first,
     // as they open the loops.
     let (along_loop, plain): (Vec<NodeId>, Vec<NodeId>) = k.outputs.iter().partition(|o| {
         store_axes(&ctx.f.body, **o)
             .iter()
-            .any(|a| k.loop_axes.contains(a))
+            .any(|a| k.loop_axes.contains(a) && !e.after_fold(**o, a))
     });
     for o in plain {
         e.store(o)?;
@@ -752,20 +741,47 @@ impl KernelEmitter<'_, '_> {
 
     /// Defines `o_<axis>`/`m_<axis>` for the coordinate `c_<axis>`.
     fn axis_offsets(&mut self, a: &str, inner: bool) {
+        let level = if inner {
+            self.inner.len().checked_sub(1)
+        } else {
+            None
+        };
+        self.axis_offsets_from(a, &format!("c_{a}"), level);
+    }
+
+    /// Defines `o_<axis>`/`m_<axis>` for coordinate `coord`, at `level`.
+    fn axis_offsets_from(&mut self, a: &str, coord: &str, level: Option<usize>) {
         match self.ctx.axis_dim.get(a) {
             Some(d) => {
                 let size = base_text(d);
-                self.line(
-                    inner,
-                    format!("o_{a} = c_{a} * BLOCK_{a} + tl.arange(0, BLOCK_{a})"),
+                self.line_at(
+                    level,
+                    format!("o_{a} = {coord} * BLOCK_{a} + tl.arange(0, BLOCK_{a})"),
                 );
-                self.line(inner, format!("m_{a} = o_{a} < {size}"));
+                self.line_at(level, format!("m_{a} = o_{a} < {size}"));
             }
             None => {
-                self.line(inner, format!("o_{a} = tl.arange(0, 1)"));
-                self.line(inner, format!("m_{a} = o_{a} < 1"));
+                self.line_at(level, format!("o_{a} = tl.arange(0, 1)"));
+                self.line_at(level, format!("m_{a} = o_{a} < 1"));
             }
         }
+    }
+
+    /// The grid coordinate of axis `a`: `c_<axis>`, or `g_<axis>` when the kernel also folds
+    /// over `a` in a loop, whose coordinate is `c_<axis>`.
+    fn grid_coordinate(&self, a: &str) -> String {
+        if self.kernel.loop_axes.iter().any(|l| l == a) {
+            format!("g_{a}")
+        } else {
+            format!("c_{a}")
+        }
+    }
+
+    /// Whether output `o` is stored along `a` after the fold over `a` whose result it reads
+    /// (`a` is then a grid axis as well as a loop axis).
+    fn after_fold(&self, o: NodeId, a: &str) -> bool {
+        let kernel: BTreeSet<NodeId> = self.kernel.nodes.iter().copied().collect();
+        stored_after_fold(&self.ctx.f.body, o, a, &kernel)
     }
 
     fn dims_of(&self, t: &TensorType) -> Vec<BlockDim> {
@@ -1148,9 +1164,25 @@ impl KernelEmitter<'_, '_> {
         // The loop goes where the fold's result lives (inside the loops of its other axes);
         // independent folds over the same axis living there share it.
         let level = self.level_of(id);
+        // Folds share a loop only where they would live in the same loops: those open now
+        // (`level_of`) and those not open yet, whose axes their results vary along too (a
+        // fold inside another fold's loop, and one hoisted out of it, do not share).
+        let loops_of = |n: NodeId| -> Vec<bool> {
+            self.kernel
+                .loop_axes
+                .iter()
+                .filter(|l| **l != a)
+                .map(|l| varies_along(body.ty(n), l))
+                .collect()
+        };
+        let id_loops = loops_of(id);
         let mut group = vec![id];
         for m in &pending {
-            if *m != id && deps(*m).is_empty() && !id_deps.contains(m) && self.level_of(*m) == level
+            if *m != id
+                && deps(*m).is_empty()
+                && !id_deps.contains(m)
+                && self.level_of(*m) == level
+                && loops_of(*m) == id_loops
             {
                 group.push(*m);
             }
@@ -1304,7 +1336,9 @@ impl KernelEmitter<'_, '_> {
             .iter()
             .copied()
             .filter(|o| {
-                !self.stored.contains(o) && store_axes(&self.ctx.f.body, *o).iter().any(|x| x == a)
+                !self.stored.contains(o)
+                    && store_axes(&self.ctx.f.body, *o).iter().any(|x| x == a)
+                    && !self.after_fold(*o, a)
             })
             .collect();
         for o in along {
@@ -1316,6 +1350,11 @@ impl KernelEmitter<'_, '_> {
         self.line_at(level, format!("for c_{a} in range(0, EXT_{a}):"));
         for l in lines {
             self.line_at(level, format!("    {l}"));
+        }
+        // The loop left the offsets of its last tile: a grid axis gets its own back.
+        if self.kernel.grid_axes.iter().any(|g| g == a) && !self.whole.contains(a) {
+            let coord = self.grid_coordinate(a);
+            self.axis_offsets_from(a, &coord, level);
         }
         Ok(())
     }

@@ -4,7 +4,9 @@
 //! loads (`partition`/`replicate` chains over a tensor-level value, re-issued by every kernel
 //! that reads them) and left through stores (`combination`/`collection`, or a `reduce …
 //! parallel=` that folds the last axis away). Axes folded by `reduce … parallel=` inside a
-//! kernel are its loop axes; every other axis indexes output tiles and is a grid axis. A
+//! kernel are its loop axes; every other axis indexes output tiles and is a grid axis. A loop
+//! axis is a grid axis too when an output stored along it reads the fold's result
+//! (`stored_after_fold`): each program folds over every tile, then stores its own. A
 //! tensor-level operator outside any region is a kernel of its own (its default tiling).
 //! Constant expressions (built from `fill`/`constant`/`iota` only) are computed inline where
 //! they are used. Launch order follows data dependencies.
@@ -100,6 +102,55 @@ pub fn stack_of(body: &Body, x: NodeId) -> NodeId {
         }
     }
     x
+}
+
+/// The axes a stored output is written along: its chain of `combination`s, and the axis of
+/// a `collection` (one slice of its stack per tile).
+pub fn store_axes(body: &Body, mut o: NodeId) -> Vec<String> {
+    let mut axes = Vec::new();
+    while let ExprKind::Combination(_, a, x) = &body.node(o).kind {
+        axes.push(a.to_string());
+        o = *x;
+    }
+    if let ExprKind::Collection(a, _) = &body.node(o).kind {
+        axes.push(a.to_string());
+    }
+    axes
+}
+
+/// Whether output `o`, stored along axis `a`, reads the result of a fold over `a` computed
+/// in its kernel (`kernel`): then it is stored once per tile of `a` after that fold's loop,
+/// with `a` a grid axis as well (`combination[a](… replicate[a](reduce … parallel=a) …)`), not
+/// tile by tile inside the loop.
+pub fn stored_after_fold(body: &Body, o: NodeId, a: &str, kernel: &BTreeSet<NodeId>) -> bool {
+    if !store_axes(body, o).iter().any(|x| x == a) {
+        return false;
+    }
+    let mut seen = BTreeSet::new();
+    let mut stack = vec![o];
+    while let Some(n) = stack.pop() {
+        if !seen.insert(n) {
+            continue;
+        }
+        let folds_a = match &body.node(n).kind {
+            ExprKind::Reduce {
+                over: ReduceOver::Parallel(p),
+                ..
+            } => p.as_str() == a,
+            _ => collection_fold_axis(body, n).is_some_and(|p| p.as_str() == a),
+        };
+        if folds_a && kernel.contains(&n) {
+            return true;
+        }
+        stack.extend(
+            body.node(n)
+                .kind
+                .operands()
+                .into_iter()
+                .filter(|m| kernel.contains(m)),
+        );
+    }
+    false
 }
 
 /// The axis of `reduce (collection[a](x)) axis=0` inside a region (or of
@@ -308,7 +359,20 @@ pub fn kernel_graph(f: &Function) -> KernelGraph {
     }
     for k in &mut kernels {
         let loops = k.loop_axes.clone();
-        k.grid_axes.retain(|a| !loops.contains(a));
+        // A loop axis indexes output tiles too when an output stored along it reads the
+        // fold's result: that store comes after the loop, once per tile of the grid.
+        let in_kernel: BTreeSet<NodeId> = k.nodes.iter().copied().collect();
+        let also_grid: Vec<String> = loops
+            .iter()
+            .filter(|a| {
+                k.outputs
+                    .iter()
+                    .any(|o| stored_after_fold(body, *o, a, &in_kernel))
+            })
+            .cloned()
+            .collect();
+        k.grid_axes
+            .retain(|a| !loops.contains(a) || also_grid.contains(a));
         k.grid_axes.sort();
     }
     // Launch order: a topological order of the read edges, lowest kernel first.
