@@ -110,18 +110,8 @@ fn main() {
                 .run(&x);
             expanded.push(r.expanded);
             exhausted.push(r.stop == efopt::egraph::extract::ExtractStop::Exhausted);
-            println!(
-                "{:<16} {:<6} {:>10} {:>9} {:>9} {:>8} {:>9.2}  {:<26} {:>9}",
-                name,
-                format!("{mode:?}").to_lowercase(),
-                r.expanded,
-                r.complete,
-                r.distinct,
-                r.not_lowerable,
-                r.seconds,
-                r.stop.to_string(),
-                if mode == Compaction::Early { paper } else { "" }
-            );
+            let paper = if mode == Compaction::Early { paper } else { "" };
+            print_row(name, &format!("{mode:?}").to_lowercase(), &r, paper);
         }
         // Early compaction without pointwise kernels (`extract{pointwise-kernels=drop}`), and
         // with single-kernel candidates only (`extract{max-kernels=1}`).
@@ -133,17 +123,7 @@ fn main() {
                 .with_max_candidates(usize::MAX)
                 .with_time_limit(Duration::from_secs_f64(secs))
                 .run(&x);
-            println!(
-                "{:<16} {:<6} {:>10} {:>9} {:>9} {:>8} {:>9.2}  {:<26}",
-                name,
-                row,
-                r.expanded,
-                r.complete,
-                r.distinct,
-                r.not_lowerable,
-                r.seconds,
-                r.stop.to_string(),
-            );
+            print_row(name, row, &r, "");
         }
         // Both runs must finish for the paper's factor; a cut "after" run gives a floor.
         let ratio = expanded[1] as f64 / expanded[2].max(1) as f64;
@@ -157,4 +137,20 @@ fn main() {
             ),
         }
     }
+}
+
+/// One row of the table: a run's counts, its time and stop reason, and the paper's seconds.
+fn print_row(name: &str, mode: &str, r: &efopt::egraph::extract::ExtractReport, paper: &str) {
+    println!(
+        "{:<16} {:<6} {:>10} {:>9} {:>9} {:>8} {:>9.2}  {:<26} {:>9}",
+        name,
+        mode,
+        r.expanded,
+        r.complete,
+        r.distinct,
+        r.not_lowerable,
+        r.seconds,
+        r.stop.to_string(),
+        paper
+    );
 }
