@@ -168,11 +168,12 @@ fn check_hand_written(file: &str, functions: u64, kernels: u64) {
 
 /// Hand-written folds: an all-reduce collection fold before the kernel's other loop, a
 /// one-field user reducer over a tile dimension, a collection fold inside a kernel, a
-/// whole (combined in-kernel) axis and an axis both folded in a loop and on the grid, all
-/// run and compiled.
+/// whole (combined in-kernel) axis, an axis both folded in a loop and on the grid, and user
+/// reducers folded element by element (over a partial tile's dimension and at tensor
+/// level) and over a stored stack of tiles, all run and compiled.
 #[test]
 fn all_reduce_and_user_reducer_folds_run_and_compile() {
-    check_hand_written("tests/lit/lower/folds.ef", 5, 6);
+    check_hand_written("tests/lit/lower/folds.ef", 8, 10);
 }
 
 /// Single-kernel MHA decode candidates that split the head dimension `d` of the output
@@ -189,6 +190,21 @@ fn head_split_attention_candidates_run_and_compile() {
     );
     assert_eq!(count(&summary, " checked"), 4, "{summary}");
     assert!(count(&summary, " kernel compilation") >= 4, "{summary}");
+}
+
+/// MHA decode candidates that fold softmax statistics at tensor level over a stored stack of
+/// per-key-tile values with a generated repair reducer (a loop over `k` loading each tile at
+/// its key offsets; refused before). K = 40 leaves a partial last key tile at block 16 and
+/// 32. Run, compared and compiled.
+#[test]
+fn stacked_fold_attention_candidates_run_and_compile() {
+    let summary = check_file(
+        "tests/inputs/mha_decode_stacked_fold.ef",
+        &["B=2", "NH=2", "K=40", "D=32"],
+        "triton-check{compile=sm_90 blocks=16,32}",
+    );
+    assert_eq!(count(&summary, " checked"), 3, "{summary}");
+    assert!(count(&summary, " kernel compilation") >= 6, "{summary}");
 }
 
 /// Multi-head attention: batched (rank-4) products, as a 3-d `tl.dot` or, with one query row

@@ -10,7 +10,9 @@
 //! fold sits inside another fold's loop; an axis both on the grid and folded keeps its grid
 //! coordinate as `g_<axis>`, and its offsets are restored after each loop over it), and an
 //! axis combined inside the kernel is computed
-//! as one block spanning its dimension. Arithmetic runs
+//! as one block spanning its dimension. A user reducer with no combine of built-ins folds a
+//! block dimension element by element, in a loop (over a stored stack of tiles split by
+//! `k`, a loop over `k` that loads each tile at its offsets). Arithmetic runs
 //! in f32 (a cast to bf16/f16 rounds); matrix-product operands go to the dot in their
 //! program dtype, or in f32 under the interpreter option (the Triton interpreter's bf16 dot
 //! is wrong).
@@ -482,6 +484,29 @@ pub fn emit_function(
 /// Fold state variables and their blocks.
 type FoldStates = Vec<(String, Vec<BlockDim>)>;
 
+/// The fold state variables as values (a reducer's first arguments).
+fn state_vals(states: &FoldStates) -> Vec<Val> {
+    states
+        .iter()
+        .map(|(n, d)| Val::Tile {
+            expr: n.clone(),
+            dims: d.clone(),
+        })
+        .collect()
+}
+
+/// A fold's result: its state, a tuple when the fold's type is one.
+fn fold_result(ty: Option<&Type>, states: FoldStates) -> Val {
+    let mut vals: Vec<Val> = states
+        .into_iter()
+        .map(|(n, d)| Val::Tile { expr: n, dims: d })
+        .collect();
+    match ty {
+        Some(Type::Tuple(_)) => Val::Tuple(vals),
+        _ => vals.pop().unwrap_or(Val::Tuple(vec![])),
+    }
+}
+
 /// The host expression for `P_<name>`, the block length of a whole dimension `name`.
 fn padded_len(ctx: &Ctx, name: &str) -> String {
     if ctx.dot_padded.borrow().contains(name) {
@@ -573,6 +598,9 @@ struct KernelEmitter<'c, 'a> {
     whole: BTreeSet<String>,
     /// Operand dtypes of the matrix product being emitted (unknown in reducer bodies: f32).
     dot_dtypes: Option<(DType, DType)>,
+    /// Axes whose tile offsets (`o_<axis>`) a block of this kernel used: each must be one
+    /// the kernel defines (a grid or loop axis), else the code reads an undefined name.
+    tile_axes_used: std::cell::RefCell<BTreeSet<String>>,
 }
 
 fn emit_kernel(
@@ -596,12 +624,15 @@ fn emit_kernel(
         collection_folds: HashMap::new(),
         whole: whole_axes(ctx.f, k)?,
         dot_dtypes: None,
+        tile_axes_used: Default::default(),
     };
     for b in &ctx.f.bindings {
         e.names.reserve(&b.name);
         e.names.reserve(&format!("P_{}", b.name));
     }
-    for a in k.grid_axes.iter().chain(&k.loop_axes) {
+    // Every axis's names, not only the grid's and loops': a fold over a stored stack of tiles
+    // loops over its axis too (`stack_fold`).
+    for a in &ctx.axes {
         for p in ["BLOCK_", "EXT_", "P_EXT_", "c_", "g_", "o_", "m_"] {
             e.names.reserve(&format!("{p}{a}"));
         }
@@ -633,6 +664,21 @@ fn emit_kernel(
     }
     if let Some(o) = along_loop.into_iter().find(|o| !e.stored.contains(o)) {
         return Err((o, "a store along a loop axis that no fold opens".into()));
+    }
+    // A stored stack of tiles read back where its tiles' axis is neither on the grid nor
+    // looped over (a tensor-level fold of `collection[k](…)` tiles): where each tile's
+    // elements lie is not known here.
+    let unplaced = e
+        .tile_axes_used
+        .borrow()
+        .iter()
+        .find(|a| !k.grid_axes.contains(a) && !k.loop_axes.contains(a))
+        .cloned();
+    if let (Some(a), Some(n)) = (unplaced, k.nodes.first()) {
+        return Err((
+            *n,
+            format!("a tile dimension over axis `{a}` read by a kernel that neither runs nor loops over `{a}`"),
+        ));
     }
     // Signature.
     let mut sig = Vec::new();
@@ -803,7 +849,10 @@ impl KernelEmitter<'_, '_> {
                 let split = split.filter(|a| !self.whole.contains(a));
                 match (split, &d.base) {
                     (Some(a), _) => BlockDim {
-                        len: format!("BLOCK_{a}"),
+                        len: {
+                            self.tile_axes_used.borrow_mut().insert(a.clone());
+                            format!("BLOCK_{a}")
+                        },
                         offs: format!("o_{a}"),
                         mask: Some(format!("m_{a}")),
                         name,
@@ -976,6 +1025,17 @@ impl KernelEmitter<'_, '_> {
         }
         if let Some(a) = crate::lower::collection_fold_axis(body, id) {
             return self.collection_fold(id, a.to_string());
+        }
+        if let ExprKind::Reduce {
+            over: ReduceOver::Axis(_),
+            reducer: ReducerRef::User(r),
+            ..
+        } = &node.kind
+        {
+            let def = self.ctx.module.reducer(r);
+            if def.is_some_and(|d| d.as_product().is_none()) {
+                return self.sequential_fold(id);
+            }
         }
         let mut vals = Vec::new();
         for o in &ops {
@@ -1435,41 +1495,254 @@ impl KernelEmitter<'_, '_> {
                 let Some(def) = self.ctx.module.reducer(n) else {
                     return Err((id, format!("unknown reducer @{n}")));
                 };
-                let mut args: Vec<Val> = states
-                    .iter()
-                    .map(|(n, d)| Val::Tile {
-                        expr: n.clone(),
-                        dims: d.clone(),
-                    })
-                    .collect();
+                let mut args = state_vals(&states);
                 match item {
                     Val::Tuple(v) => args.extend(v),
                     t => args.push(t),
                 }
-                let out = match self.inline_reducer(def, args).map_err(|e| (id, e))? {
-                    Val::Tuple(v) => v,
-                    t => vec![t],
-                };
-                let mut exprs = Vec::new();
-                for v in out {
-                    exprs.push(v.tile().map_err(|e| (id, e))?.0.to_string());
-                }
-                exprs
+                self.next_states(id, def, args)?
             }
         };
         self.assign_states(&states, next);
         self.close_loop(level, &a, id)?;
-        let vals: Vec<Val> = states
-            .into_iter()
-            .map(|(n, d)| Val::Tile { expr: n, dims: d })
-            .collect();
-        let v = if matches!(node.ty, Some(Type::Tuple(_))) {
-            Val::Tuple(vals)
-        } else {
-            vals.into_iter().next().unwrap_or(Val::Tuple(vec![]))
-        };
+        let v = fold_result(node.ty.as_ref(), states);
         self.collection_folds.insert(id, v.clone());
         Ok(v)
+    }
+
+    /// `reduce x axis=d reducer=@r` with a user reducer that is no product of built-ins.
+    /// Its fold need not be associative (a repair's running maximum), so there is no
+    /// `tl.reduce` combine: the block's elements along `d` are folded one at a time, in
+    /// order, each picked out of the block by a one-hot sum (exact: the other terms are
+    /// zeros). Elements past the tensor's end (a padded block) leave the state as it was.
+    fn sequential_fold(&mut self, id: NodeId) -> Result<Val, (NodeId, String)> {
+        let body = &self.ctx.f.body;
+        let node = &body.nodes[id.index()];
+        let err = |m: &str| (id, m.to_string());
+        let ExprKind::Reduce {
+            input,
+            over: ReduceOver::Axis(d),
+            reducer,
+            keep_dims,
+        } = node.kind.clone()
+        else {
+            return Err(err("a malformed fold"));
+        };
+        if keep_dims {
+            return Err(err("keep_dims on a user reducer over a tile dimension"));
+        }
+        let ReducerRef::User(name) = &reducer else {
+            return Err(err("a built-in reducer folded element by element"));
+        };
+        let Some(def) = self.ctx.module.reducer(name) else {
+            return Err(err(&format!("unknown reducer @{name}")));
+        };
+        if let Some(a) = self.stored_stack_axis(input, &d) {
+            return self.stack_fold(id, input, a, def);
+        }
+        let fields = match self.value(input)? {
+            Val::Tuple(v) => v,
+            t => vec![t],
+        };
+        // Every item field runs along the folded dimension with the same block.
+        let mut along: Option<BlockDim> = None;
+        let mut picked = Vec::new();
+        for f in &fields {
+            let (x, dims) = f.tile().map_err(|m| (id, m))?;
+            let i = dim_position(&d, dims).ok_or(err("a fold over an unknown dimension"))?;
+            let dim = dims.get(i).ok_or(err("a fold over an unknown dimension"))?;
+            match &along {
+                Some(a) if a.len != dim.len => {
+                    return Err(err("item fields with different blocks along the fold"))
+                }
+                Some(_) => {}
+                None => along = Some(dim.clone()),
+            }
+            let mut rest = dims.to_vec();
+            rest.remove(i);
+            picked.push((x.to_string(), dims.len(), i, rest));
+        }
+        let along = along.ok_or(err("a fold of no items"))?;
+        let level = self.level_of(id);
+        // Items are read once, before the loop, not once per element.
+        for (x, ..) in picked.iter_mut() {
+            if !is_simple(x) {
+                let name = self.tmp("items");
+                self.line_at(level, format!("{name} = {x}"));
+                *x = name;
+            }
+        }
+        let states = self.fold_states(level, id, &reducer)?;
+        let j = self.tmp("j");
+        self.open_element_loop();
+        let one_hot = format!("(tl.arange(0, {}) == {j})", along.len);
+        let mut args = state_vals(&states);
+        for (x, rank, i, rest) in picked {
+            let item = self.tmp("item");
+            let sel = format!("{one_hot}{}", index_for(rank, i));
+            self.line(
+                true,
+                format!("{item} = tl.sum(tl.where({sel}, {x}, 0.0), axis={i})"),
+            );
+            args.push(Val::Tile {
+                expr: item,
+                dims: rest,
+            });
+        }
+        let mut exprs = self.next_states(id, def, args)?;
+        if let Some(m) = &along.mask {
+            let inside = self.tmp("inside");
+            self.line(
+                true,
+                format!("{inside} = tl.sum(({one_hot} & {m}).to(tl.int32), axis=0) > 0"),
+            );
+            for (e, (s, _)) in exprs.iter_mut().zip(&states) {
+                *e = format!("tl.where({inside}, {e}, {s})");
+            }
+        }
+        self.assign_states(&states, exprs);
+        let header = format!("for {j} in range(0, {}):", along.len);
+        self.close_element_loop(id, level, header)?;
+        Ok(fold_result(node.ty.as_ref(), states))
+    }
+
+    /// The axis `a` of `stack = collection[a](…)` when the fold over its dimension `d` reads
+    /// a stack another kernel stored whose tiles keep a dimension split by `a` (where each
+    /// tile's elements lie depends on its coordinate along `a`), and this kernel has no
+    /// coordinate along `a` of its own.
+    fn stored_stack_axis(&self, stack: NodeId, d: &DimRef) -> Option<String> {
+        let body = &self.ctx.f.body;
+        let ExprKind::Collection(a, _) = &body.nodes[stack.index()].kind else {
+            return None;
+        };
+        let a = a.to_string();
+        let types: Vec<&TensorType> = match body.ty(stack)? {
+            Type::Tensor(t) => vec![t],
+            Type::Tuple(ts) => ts.iter().filter_map(|t| t.as_tensor()).collect(),
+        };
+        let first = types.first()?;
+        let stacked = crate::passes::typing::resolve_dim(&first.shape, d).ok() == Some(0);
+        let split_by_a = types.iter().any(|t| {
+            t.shape
+                .iter()
+                .any(|x| x.splits.iter().any(|s| s.as_str() == a))
+        });
+        let own = self.kernel.grid_axes.contains(&a)
+            || self.kernel.loop_axes.contains(&a)
+            || self.whole.contains(&a);
+        (stacked && split_by_a && !own && !self.in_kernel.contains(&stack)).then_some(a)
+    }
+
+    /// A user-reducer fold over the stack dimension of a stored `collection[a](…)` of tiles:
+    /// a loop over `a`, each step loading the stack's entry `c_a` with that tile's offsets
+    /// along `a` (the layout the storing kernel wrote) and folding it into the state.
+    fn stack_fold(
+        &mut self,
+        id: NodeId,
+        stack: NodeId,
+        a: String,
+        def: &ReducerDef,
+    ) -> Result<Val, (NodeId, String)> {
+        let body = &self.ctx.f.body;
+        let node = &body.nodes[id.index()];
+        let ExprKind::Reduce { reducer, .. } = &node.kind else {
+            return Err((id, "a malformed fold".into()));
+        };
+        let types: Vec<TensorType> = match body.ty(stack) {
+            Some(Type::Tensor(t)) => vec![t.clone()],
+            Some(Type::Tuple(ts)) => ts
+                .iter()
+                .map(|t| {
+                    t.as_tensor()
+                        .cloned()
+                        .ok_or((id, "a stack of tuples".into()))
+                })
+                .collect::<Result<_, _>>()?,
+            None => return Err((id, "an untyped stack".into())),
+        };
+        let is_tuple = matches!(body.ty(stack), Some(Type::Tuple(_)));
+        let level = self.level_of(id);
+        let states = self.fold_states(level, id, reducer)?;
+        // Offsets along `a` are defined inside this loop only: uses there are not the
+        // undefined reads `tile_axes_used` looks for.
+        let used_before = self.tile_axes_used.borrow().clone();
+        self.open_element_loop();
+        let coord = format!("c_{a}");
+        let here = self.inner.len().checked_sub(1);
+        self.axis_offsets_from(&a, &coord, here);
+        let mut args = state_vals(&states);
+        for (i, t) in types.iter().enumerate() {
+            let mut dims = self.dims_of(t);
+            if dims.is_empty() {
+                return Err((id, "a stack of rank 0".into()));
+            }
+            dims[0] = BlockDim {
+                len: "1".into(),
+                offs: format!("({coord} + tl.arange(0, 1))"),
+                mask: None,
+                name: None,
+            };
+            let entry = if is_tuple {
+                self.load_field((stack, i), t, dims.clone(), id)?
+            } else {
+                self.load(stack, dims.clone(), id)?
+            };
+            let (x, _) = entry.tile().map_err(|m| (id, m))?;
+            let item = self.tmp("item");
+            self.line(true, format!("{item} = tl.sum({x}, axis=0)"));
+            args.push(Val::Tile {
+                expr: item,
+                dims: dims[1..].to_vec(),
+            });
+        }
+        let exprs = self.next_states(id, def, args)?;
+        self.assign_states(&states, exprs);
+        *self.tile_axes_used.borrow_mut() = used_before;
+        self.close_element_loop(id, level, format!("for {coord} in range(0, EXT_{a}):"))?;
+        Ok(fold_result(node.ty.as_ref(), states))
+    }
+
+    /// Opens a loop whose body is collected as if in a loop of its own (no axis: no value
+    /// lives in it by `level_of`) and written by `close_element_loop`.
+    fn open_element_loop(&mut self) {
+        self.inner.push(Loop {
+            axis: String::new(),
+            lines: Vec::new(),
+            memo: HashMap::new(),
+        });
+    }
+
+    /// Writes the loop `open_element_loop` opened at `level`, under `header`.
+    fn close_element_loop(
+        &mut self,
+        id: NodeId,
+        level: Option<usize>,
+        header: String,
+    ) -> Result<(), (NodeId, String)> {
+        let Some(Loop { lines, .. }) = self.inner.pop() else {
+            return Err((id, "loop state lost".into()));
+        };
+        self.line_at(level, header);
+        for l in lines {
+            self.line_at(level, format!("    {l}"));
+        }
+        Ok(())
+    }
+
+    /// The next fold state: reducer `def` inlined on the state and item values `args`.
+    fn next_states(
+        &mut self,
+        id: NodeId,
+        def: &ReducerDef,
+        args: Vec<Val>,
+    ) -> Result<Vec<String>, (NodeId, String)> {
+        let next = match self.inline_reducer(def, args).map_err(|m| (id, m))? {
+            Val::Tuple(v) => v,
+            t => vec![t],
+        };
+        next.iter()
+            .map(|v| v.tile().map(|(e, _)| e.to_string()).map_err(|m| (id, m)))
+            .collect()
     }
 
     /// Emits, outside the loop over `a`, every value below `n` that does not vary along `a`.
