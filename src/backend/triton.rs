@@ -1665,7 +1665,7 @@ impl KernelEmitter<'_, '_> {
         let states = self.fold_states(level, id, reducer)?;
         // Offsets along `a` are defined inside this loop only: uses there are not the
         // undefined reads `tile_axes_used` looks for.
-        let used_before = self.tile_axes_used.borrow().clone();
+        let a_read_before = self.tile_axes_used.borrow().contains(&a);
         self.open_element_loop();
         let coord = format!("c_{a}");
         let here = self.inner.len().checked_sub(1);
@@ -1697,7 +1697,10 @@ impl KernelEmitter<'_, '_> {
         }
         let exprs = self.next_states(id, def, args)?;
         self.assign_states(&states, exprs);
-        *self.tile_axes_used.borrow_mut() = used_before;
+        // Other axes read in the loop stay recorded; `a` only if read outside it before.
+        if !a_read_before {
+            self.tile_axes_used.borrow_mut().remove(&a);
+        }
         self.close_element_loop(id, level, format!("for {coord} in range(0, EXT_{a}):"))?;
         Ok(fold_result(node.ty.as_ref(), states))
     }
