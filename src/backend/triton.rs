@@ -356,17 +356,8 @@ pub fn emit_function(
                 continue;
             }
             // A stored tuple (partial results of a product fold, say) is one buffer per field.
-            let fields: Vec<&TensorType> = match body.ty(*o) {
-                Some(Type::Tensor(t)) => vec![t],
-                Some(Type::Tuple(ts)) => ts
-                    .iter()
-                    .map(|t| {
-                        t.as_tensor()
-                            .ok_or((*o, "a stored tuple of tuples".to_string()))
-                    })
-                    .collect::<Result<_, _>>()?,
-                None => return Err((*o, "an untyped stored value".into())),
-            };
+            let (fields, _) =
+                field_types(body.ty(*o)).map_err(|m| (*o, format!("a stored value: {m}")))?;
             let pos = body.results.iter().position(|r| r == o);
             for (i, t) in fields.into_iter().enumerate() {
                 let n = host_names.fresh(&match pos {
@@ -483,6 +474,19 @@ pub fn emit_function(
 
 /// Fold state variables and their blocks.
 type FoldStates = Vec<(String, Vec<BlockDim>)>;
+
+/// The tensor types of a value's fields (one for a tensor) and whether it is a tuple.
+fn field_types(ty: Option<&Type>) -> Result<(Vec<TensorType>, bool), &'static str> {
+    match ty {
+        Some(Type::Tensor(t)) => Ok((vec![t.clone()], false)),
+        Some(Type::Tuple(ts)) => ts
+            .iter()
+            .map(|t| t.as_tensor().cloned().ok_or("a tuple of tuples"))
+            .collect::<Result<_, _>>()
+            .map(|fs| (fs, true)),
+        None => Err("an untyped value"),
+    }
+}
 
 /// The fold state variables as values (a reducer's first arguments).
 fn state_vals(states: &FoldStates) -> Vec<Val> {
@@ -848,15 +852,15 @@ impl KernelEmitter<'_, '_> {
                 };
                 let split = split.filter(|a| !self.whole.contains(a));
                 match (split, &d.base) {
-                    (Some(a), _) => BlockDim {
-                        len: {
-                            self.tile_axes_used.borrow_mut().insert(a.clone());
-                            format!("BLOCK_{a}")
-                        },
-                        offs: format!("o_{a}"),
-                        mask: Some(format!("m_{a}")),
-                        name,
-                    },
+                    (Some(a), _) => {
+                        self.tile_axes_used.borrow_mut().insert(a.clone());
+                        BlockDim {
+                            len: format!("BLOCK_{a}"),
+                            offs: format!("o_{a}"),
+                            mask: Some(format!("m_{a}")),
+                            name,
+                        }
+                    }
                     (None, DimBase::Lit(1)) => BlockDim {
                         len: "1".into(),
                         offs: "tl.arange(0, 1)".into(),
@@ -973,22 +977,18 @@ impl KernelEmitter<'_, '_> {
             && !self.ctx.g.plumbing[id.index()];
         if tensor_level_read {
             // A stored value read whole; a stored tuple field by field.
-            return match node.ty.as_ref() {
-                Some(Type::Tensor(t)) => {
-                    let dims = self.dims_of(t);
-                    self.load(id, dims, id)
-                }
-                Some(Type::Tuple(ts)) => {
-                    let mut fields = Vec::new();
-                    for (i, t) in ts.iter().enumerate() {
-                        let t = t.as_tensor().ok_or(err("a stored tuple of tuples"))?;
-                        let dims = self.dims_of(t);
-                        fields.push(self.load_field((id, i), t, dims, id)?);
-                    }
-                    Ok(Val::Tuple(fields))
-                }
-                None => Err(err("an untyped stored value")),
-            };
+            let (types, is_tuple) =
+                field_types(node.ty.as_ref()).map_err(|m| err(&format!("a stored value: {m}")))?;
+            if !is_tuple {
+                let dims = self.dims_of(&types[0]);
+                return self.load(id, dims, id);
+            }
+            let mut fields = Vec::new();
+            for (i, t) in types.iter().enumerate() {
+                let dims = self.dims_of(t);
+                fields.push(self.load_field((id, i), t, dims, id)?);
+            }
+            return Ok(Val::Tuple(fields));
         }
         let ops: Vec<NodeId> = node.kind.operands();
         // Over a whole axis, a view or a combination of a block computed here is the block.
@@ -1270,63 +1270,36 @@ impl KernelEmitter<'_, '_> {
                 continue;
             };
             let item = self.value(input)?;
-            let state_vals: Vec<Val> = states
-                .iter()
-                .map(|(n, d)| Val::Tile {
-                    expr: n.clone(),
-                    dims: d.clone(),
-                })
-                .collect();
-            let next: Vec<Val> = match &reducer {
+            let exprs: Vec<String> = match &reducer {
                 ReducerRef::Builtin(r) => {
-                    let (s, _) = state_vals[0].tile().map_err(|e| (*m, e))?;
+                    let s = &states[0].0;
                     let (x, _) = item.tile().map_err(|e| (*m, e))?;
-                    let e = match r {
+                    vec![match r {
                         BuiltinReducer::Add => format!("{s} + {x}"),
                         BuiltinReducer::Mul => format!("{s} * {x}"),
                         BuiltinReducer::Max => format!("tl.maximum({s}, {x})"),
                         BuiltinReducer::Min => format!("tl.minimum({s}, {x})"),
-                    };
-                    vec![Val::Tile {
-                        expr: e,
-                        dims: states[0].1.clone(),
                     }]
                 }
                 ReducerRef::User(n) => {
                     let Some(def) = self.ctx.module.reducer(n) else {
                         return Err((*m, format!("unknown reducer @{n}")));
                     };
-                    let items = match item {
-                        Val::Tuple(v) => v,
-                        t => vec![t],
-                    };
-                    let mut args = state_vals.clone();
-                    args.extend(items);
-                    match self.inline_reducer(def, args).map_err(|e| (*m, e))? {
-                        Val::Tuple(v) => v,
-                        t => vec![t],
+                    let mut args = state_vals(states);
+                    match item {
+                        Val::Tuple(v) => args.extend(v),
+                        t => args.push(t),
                     }
+                    self.next_states(*m, def, args)?
                 }
             };
-            let mut exprs = Vec::new();
-            for v in next {
-                exprs.push(v.tile().map_err(|e| (*m, e))?.0.to_string());
-            }
             self.assign_states(states, exprs);
         }
         self.close_loop(level, &a, id)?;
         let mut result = None;
         for (m, states) in group.iter().zip(inits) {
             self.folds_done.insert(*m);
-            let vals: Vec<Val> = states
-                .into_iter()
-                .map(|(n, d)| Val::Tile { expr: n, dims: d })
-                .collect();
-            let v = if matches!(body.nodes[m.index()].ty, Some(Type::Tuple(_))) {
-                Val::Tuple(vals)
-            } else {
-                vals.into_iter().next().unwrap_or(Val::Tuple(vec![]))
-            };
+            let v = fold_result(body.nodes[m.index()].ty.as_ref(), states);
             if *m == id {
                 result = Some(v.clone());
             } else {
@@ -1648,19 +1621,7 @@ impl KernelEmitter<'_, '_> {
         let ExprKind::Reduce { reducer, .. } = &node.kind else {
             return Err((id, "a malformed fold".into()));
         };
-        let types: Vec<TensorType> = match body.ty(stack) {
-            Some(Type::Tensor(t)) => vec![t.clone()],
-            Some(Type::Tuple(ts)) => ts
-                .iter()
-                .map(|t| {
-                    t.as_tensor()
-                        .cloned()
-                        .ok_or((id, "a stack of tuples".into()))
-                })
-                .collect::<Result<_, _>>()?,
-            None => return Err((id, "an untyped stack".into())),
-        };
-        let is_tuple = matches!(body.ty(stack), Some(Type::Tuple(_)));
+        let (types, is_tuple) = field_types(body.ty(stack)).map_err(|m| (id, m.to_string()))?;
         let level = self.level_of(id);
         let states = self.fold_states(level, id, reducer)?;
         // Offsets along `a` are defined inside this loop only: uses there are not the
@@ -2019,7 +1980,7 @@ impl KernelEmitter<'_, '_> {
                         .module
                         .reducer(n)
                         .and_then(ReducerDef::as_product)
-                        .ok_or("a user reducer over a tile dimension is not lowered yet")?,
+                        .ok_or("a reducer body folding a tile dimension with another user reducer is not lowered yet")?,
                 };
                 // A product of built-in reducers reduces each field of its tuple on its own.
                 let fields: Vec<&Val> = match vals.first() {
@@ -2061,19 +2022,8 @@ impl KernelEmitter<'_, '_> {
         let level = (0..self.inner.len())
             .rev()
             .find(|i| axes.contains(&self.inner[*i].axis));
-        let fields: Vec<TensorType> = match node.ty.clone() {
-            Some(Type::Tensor(t)) => vec![t],
-            Some(Type::Tuple(ts)) => ts
-                .iter()
-                .map(|t| {
-                    t.as_tensor()
-                        .cloned()
-                        .ok_or((o, "a stored tuple of tuples".into()))
-                })
-                .collect::<Result<_, _>>()?,
-            None => return Err((o, "an untyped stored value".into())),
-        };
-        let is_tuple = matches!(node.ty, Some(Type::Tuple(_)));
+        let (fields, is_tuple) =
+            field_types(node.ty.as_ref()).map_err(|m| (o, format!("a stored value: {m}")))?;
         // Peel stores: combination chains and a collection.
         let mut cur = o;
         let mut leading = None;
