@@ -998,7 +998,7 @@ fn outcome(r: &ExtractReport) -> String {
 /// counting them as their own refusals, or letting the worker check a program whose class
 /// it has output, fails this test), exhaustively and stopped by the candidate limit, with and
 /// without `max_kernels`, in early and after mode. The queue's bookkeeping is also tested on
-/// its own in `src/egraph/extract.rs`.
+/// its own in `src/egraph/extract/queue.rs`.
 #[test]
 fn lowering_in_the_background_changes_nothing_but_the_time() {
     let slow: efopt::egraph::extract::LowerCheck = std::sync::Arc::new(|f| {

@@ -1,0 +1,174 @@
+//! Rebuilding a candidate as a function, and its one-line summary.
+
+use super::*;
+
+/// Facts about a candidate for its summary line and `--stats=json`.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Summary {
+    /// Kernel launches: each connected region of tiled values, plus one per tensor-level
+    /// operator left outside any region (its default tiling).
+    pub kernels: usize,
+    /// Tensor-level intermediates written by one kernel and read by another.
+    pub stored: Vec<String>,
+    pub axes: Vec<String>,
+    /// False when kernels would read global-memory values they write themselves: such a
+    /// candidate has no launch order and is not lowerable.
+    pub launch_order: bool,
+}
+
+impl Summary {
+    pub fn line(&self) -> String {
+        let stored = if self.stored.is_empty() {
+            "none".to_string()
+        } else {
+            self.stored.join(", ")
+        };
+        let axes = if self.axes.is_empty() {
+            "none".to_string()
+        } else {
+            self.axes.join(", ")
+        };
+        format!(
+            "{} kernel{}; stored: {stored}; parallel axes: {axes}",
+            self.kernels,
+            if self.kernels == 1 { "" } else { "s" }
+        )
+    }
+}
+
+/// Rebuilds candidate `choice` as a function named `name` (verified types filled in).
+pub fn reconstruct(x: &ExtractGraph, choice: &Choice, name: &str) -> Function {
+    let eg = &x.g.egraph;
+    let alias = shared_classes(x, choice);
+    let mut body = Body::default();
+    // Inputs first, in parameter order: every input of the source, reachable or not.
+    let mut inputs: Vec<(u32, u32)> = Vec::new();
+    for (c, ns) in x.nodes.iter().enumerate() {
+        for (n, _) in ns {
+            if let Op::Input(pos, _) = n.op {
+                inputs.push((pos, c as u32));
+            }
+        }
+    }
+    inputs.sort();
+    inputs.dedup_by_key(|i| i.0);
+    let mut node_of: Vec<Option<NodeId>> = vec![None; x.ids.len()];
+    for (_, c) in &inputs {
+        let Some((n, _)) = x.nodes[*c as usize]
+            .iter()
+            .find(|(n, _)| matches!(n.op, Op::Input(..)))
+        else {
+            continue;
+        };
+        let id = body.push(Node {
+            kind: ExprKind::Input,
+            name: None,
+            annot: n.leaf_type(),
+            span: Default::default(),
+            ty: eg[x.ids[*c as usize]].data.clone(),
+        });
+        body.params.push(id);
+        node_of[*c as usize] = Some(id);
+    }
+    // Post-order from the results.
+    let mut stack: Vec<(u32, bool)> = x
+        .roots
+        .iter()
+        .rev()
+        .map(|r| (alias[*r as usize], false))
+        .collect();
+    while let Some((c, done)) = stack.pop() {
+        if node_of[c as usize].is_some() {
+            continue;
+        }
+        let Some((n, kids)) = x.op(c, choice) else {
+            continue;
+        };
+        if done {
+            let operands: Vec<NodeId> = kids
+                .iter()
+                .map(|k| node_of[alias[*k as usize] as usize].unwrap_or(NodeId(0)))
+                .collect();
+            let id = body.push(Node {
+                kind: n.to_expr_kind().with_operands(&operands),
+                name: None,
+                annot: n.leaf_type(),
+                span: Default::default(),
+                ty: eg[x.ids[c as usize]].data.clone(),
+            });
+            node_of[c as usize] = Some(id);
+        } else {
+            stack.push((c, true));
+            stack.extend(kids.iter().rev().map(|k| (alias[*k as usize], false)));
+        }
+    }
+    body.results = x
+        .roots
+        .iter()
+        .map(|r| node_of[alias[*r as usize] as usize].unwrap_or(NodeId(0)))
+        .collect();
+    Function {
+        name: name.to_string(),
+        name_span: x.g.name_span,
+        bindings: x.g.bindings.clone(),
+        body,
+        comment: None,
+    }
+}
+
+/// For each class, the class that stands for it in the program: the lowest-numbered class
+/// with the same canonical form. Two classes the e-graph did not merge can hold ≈ values (a
+/// view chain written in two orders, say); the program computes such a value once, so that
+/// kernels, stores and validity depend only on the candidate's canonical form.
+pub(super) fn shared_classes(x: &ExtractGraph, choice: &Choice) -> Vec<u32> {
+    let mut facts = WalkFacts::default();
+    Walk::roots(x, choice, &mut Interner::default(), &mut facts);
+    let mut first: FxHashMap<u32, u32> = FxHashMap::default();
+    (0..x.ids.len() as u32)
+        .map(|c| match facts.memo[c as usize] {
+            NONE => c,
+            id => *first.entry(id).or_insert(c),
+        })
+        .collect()
+}
+
+/// Kernel regions, stored intermediates and parallel axes of a reconstructed candidate. Stored
+/// intermediates are named (`stored0`, …) so the summary can refer to them.
+pub fn summarize(f: &mut Function) -> Summary {
+    // The same partition the backend lowers.
+    let graph = crate::lower::kernel_graph(f);
+    let nodes = &f.body.nodes;
+    let stored_ids: Vec<usize> = graph
+        .intermediates
+        .iter()
+        .map(|i| i.index())
+        .filter(|i| matches!(nodes[*i].ty, Some(Type::Tensor(_))))
+        .collect();
+    let stored: Vec<String> = stored_ids
+        .iter()
+        .enumerate()
+        .filter_map(|(k, i)| match &nodes[*i].ty {
+            Some(Type::Tensor(t)) => Some(format!("stored{k}: {t}")),
+            _ => None,
+        })
+        .collect();
+    let mut axes: Vec<Sym> = nodes
+        .iter()
+        .filter_map(|node| match node.ty.as_ref() {
+            Some(Type::Tensor(t)) => Some(t.par.axes().cloned().collect::<Vec<_>>()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    axes.sort();
+    axes.dedup();
+    for (k, i) in stored_ids.into_iter().enumerate() {
+        f.body.nodes[i].name = Some(format!("stored{k}"));
+    }
+    Summary {
+        kernels: graph.kernels.len(),
+        stored,
+        axes: axes.into_iter().map(String::from).collect(),
+        launch_order: graph.launch_order,
+    }
+}
