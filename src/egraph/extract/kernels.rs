@@ -405,3 +405,29 @@ pub(super) struct LaunchScratch {
     pub(super) reads: Vec<(u32, u32)>,
     pub(super) edges: Vec<(u32, u32)>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kernel_chain_counts_the_kernels_on_the_longest_path() {
+        let sorted = |mut e: Vec<(u32, u32)>| {
+            e.sort_unstable();
+            e
+        };
+        assert_eq!(kernel_chain(&[]), Some(0));
+        assert_eq!(kernel_chain(&[(5, 9)]), Some(2));
+        // 1 → 2 → 3 → 4 beside 1 → 4: four kernels in a row.
+        assert_eq!(
+            kernel_chain(&sorted(vec![(1, 2), (2, 3), (3, 4), (1, 4)])),
+            Some(4)
+        );
+        // Two writers feeding one reader, then a reader of that: three.
+        assert_eq!(kernel_chain(&sorted(vec![(7, 3), (8, 3), (3, 1)])), Some(3));
+        // A cycle has no launch order.
+        let cycle = sorted(vec![(1, 2), (2, 1), (2, 3)]);
+        assert_eq!(kernel_chain(&cycle), None);
+        assert!(kernel_cycle(&cycle));
+    }
+}

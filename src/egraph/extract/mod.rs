@@ -1237,44 +1237,4 @@ mod tests {
         // Both verdicts occur, so the comparison says something about each.
         assert!(checked[0] > 0 && checked[1] > 0, "verdicts: {checked:?}");
     }
-
-    #[test]
-    fn a_kernel_chain_counts_the_kernels_on_the_longest_path() {
-        let sorted = |mut e: Vec<(u32, u32)>| {
-            e.sort_unstable();
-            e
-        };
-        assert_eq!(kernel_chain(&[]), Some(0));
-        assert_eq!(kernel_chain(&[(5, 9)]), Some(2));
-        // 1 → 2 → 3 → 4 beside 1 → 4: four kernels in a row.
-        assert_eq!(
-            kernel_chain(&sorted(vec![(1, 2), (2, 3), (3, 4), (1, 4)])),
-            Some(4)
-        );
-        // Two writers feeding one reader, then a reader of that: three.
-        assert_eq!(kernel_chain(&sorted(vec![(7, 3), (8, 3), (3, 1)])), Some(3));
-        // A cycle has no launch order.
-        let cycle = sorted(vec![(1, 2), (2, 1), (2, 3)]);
-        assert_eq!(kernel_chain(&cycle), None);
-        assert!(kernel_cycle(&cycle));
-    }
-
-    #[test]
-    fn marks_are_empty_after_each_clear_even_when_the_generation_wraps() {
-        let mut m = Marks::new(4);
-        assert!(m.mark(1));
-        assert!(!m.mark(1));
-        m.clear();
-        assert!(m.mark(1), "a clear empties the set");
-        // A class marked in the last generation before the counter wraps must not count as
-        // marked in the generation after it (which reuses the numbers from 1).
-        m.generation = u32::MAX;
-        assert!(m.mark(2));
-        m.marks[3] = 1; // what a mark from generation 1, long ago, left behind
-        m.clear();
-        assert_eq!(m.generation, 1);
-        for c in 0..4 {
-            assert!(m.mark(c), "class {c} was left marked across the wrap");
-        }
-    }
 }

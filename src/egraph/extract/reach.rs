@@ -164,3 +164,27 @@ pub(super) fn readable_resolved(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn marks_are_empty_after_each_clear_even_when_the_generation_wraps() {
+        let mut m = Marks::new(4);
+        assert!(m.mark(1));
+        assert!(!m.mark(1));
+        m.clear();
+        assert!(m.mark(1), "a clear empties the set");
+        // A class marked in the last generation before the counter wraps must not count as
+        // marked in the generation after it (which reuses the numbers from 1).
+        m.generation = u32::MAX;
+        assert!(m.mark(2));
+        m.marks[3] = 1; // what a mark from generation 1, long ago, left behind
+        m.clear();
+        assert_eq!(m.generation, 1);
+        for c in 0..4 {
+            assert!(m.mark(c), "class {c} was left marked across the wrap");
+        }
+    }
+}
