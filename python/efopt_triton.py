@@ -104,6 +104,11 @@ def relative_l2(got, want):
     return num / den if den > 0 else num
 
 
+# `@triton.jit` functions the generated module defines for its kernels to call, never to
+# launch (`PRODUCT_COMBINE` in src/backend/triton.rs).
+KERNEL_HELPERS = {"efopt_product"}
+
+
 class CompileRecorder:
     """Wraps the module's kernels: each launch also compiles the kernel for GPU targets."""
 
@@ -184,7 +189,9 @@ def compile_all(manifest, base):
     recorder = CompileRecorder(manifest["compile"], manifest.get("skip", ()))
     for name in dir(module):
         obj = getattr(module, name)
-        if type(obj).__name__ == "JITFunction":
+        # Helpers that kernels call (a combine function) stay JIT functions: only what a host
+        # function launches is wrapped.
+        if type(obj).__name__ == "JITFunction" and name not in KERNEL_HELPERS:
             setattr(module, name, recorder.wrap(obj))
     for fn in manifest["functions"]:
         host = getattr(module, fn["name"])

@@ -170,11 +170,12 @@ fn check_counts(file: &str, sizes: &[&str], functions: u64, kernels: u64) {
 /// one-field user reducer over a tile dimension, a collection fold inside a kernel, a
 /// whole (combined in-kernel) axis, an axis both folded in a loop and on the grid, and user
 /// reducers folded element by element (over a partial tile's dimension and at tensor
-/// level) and over stored stacks (of tiles split by `k`, and of per-tile statistics), all
-/// run and compiled.
+/// level) and over stored stacks (of tiles split by `k`, and of per-tile statistics), and
+/// products (`@mul`, through `tl.reduce` and a combine function) over a tile dimension and
+/// at tensor level, all run and compiled.
 #[test]
 fn all_reduce_and_user_reducer_folds_run_and_compile() {
-    check_counts("tests/lit/lower/folds.ef", &[], 9, 12);
+    check_counts("tests/lit/lower/folds.ef", &[], 11, 14);
 }
 
 /// Single-kernel MHA decode candidates that split the head dimension `d` of the output

@@ -34,12 +34,60 @@ pub struct TritonOptions {
 }
 
 const PY_KEYWORDS: &[&str] = &[
-    "False", "None", "True", "and", "as", "assert", "async", "await", "break", "class", "continue",
-    "def", "del", "elif", "else", "except", "finally", "for", "from", "global", "if", "import",
-    "in", "is", "lambda", "nonlocal", "not", "or", "pass", "raise", "return", "try", "while",
-    "with", "yield", "tl", "triton", "torch", "np", "range", "min", "max", "float", "int", "len",
-    "empty", "schedule",
+    "False",
+    "None",
+    "True",
+    "and",
+    "as",
+    "assert",
+    "async",
+    "await",
+    "break",
+    "class",
+    "continue",
+    "def",
+    "del",
+    "elif",
+    "else",
+    "except",
+    "finally",
+    "for",
+    "from",
+    "global",
+    "if",
+    "import",
+    "in",
+    "is",
+    "lambda",
+    "nonlocal",
+    "not",
+    "or",
+    "pass",
+    "raise",
+    "return",
+    "try",
+    "while",
+    "with",
+    "yield",
+    "tl",
+    "triton",
+    "torch",
+    "np",
+    "range",
+    "min",
+    "max",
+    "float",
+    "int",
+    "len",
+    "empty",
+    "schedule",
+    PRODUCT_COMBINE,
 ];
+
+/// The `@triton.jit` combine function of a product reduction over a block: Triton has `tl.sum`,
+/// `tl.max` and `tl.min` but no product, so `tl.reduce` takes this one. A module defines it
+/// once, before its kernels, when some kernel uses it.
+const PRODUCT_COMBINE: &str = "efopt_product";
 
 fn namer() -> Namer {
     let mut n = Namer::default();
@@ -191,6 +239,8 @@ pub struct Emitted {
     pub name: String,
     pub source: String,
     pub host: String,
+    /// Whether a kernel calls `PRODUCT_COMBINE`, which the module must then define.
+    pub uses_product: bool,
 }
 
 struct Ctx<'a> {
@@ -207,6 +257,8 @@ struct Ctx<'a> {
     /// Every parallel axis the function names (`all_axes`), computed once: each kernel's
     /// signature lists them all.
     axes: BTreeSet<String>,
+    /// Set when a kernel reduces a block with `PRODUCT_COMBINE`.
+    uses_product: std::cell::Cell<bool>,
 }
 
 /// Emits a module for the candidates: one kernel per region, one host function per candidate.
@@ -224,13 +276,24 @@ pub fn emit_module(
     out.push_str("import triton\nimport triton.language as tl\n\n");
     let mut names = namer();
     let mut hosts = Vec::new();
+    let mut kernels = String::new();
+    let mut product_defined = false;
     for f in funcs {
         let e =
             emit_function(module, f, opts, &mut names).map_err(|(n, m)| (n, m, f.name.clone()))?;
-        out.push_str(&e.source);
+        // Defined once, before every kernel, whichever function needs it first.
+        if e.uses_product && !product_defined {
+            product_defined = true;
+            let _ = write!(
+                out,
+                "@triton.jit\ndef {PRODUCT_COMBINE}(a, b):\n    return a * b\n\n\n"
+            );
+        }
+        kernels.push_str(&e.source);
         hosts.push(e.host);
         host_names.push(e.name);
     }
+    out.push_str(&kernels);
     for h in hosts {
         out.push_str(&h);
     }
@@ -328,6 +391,7 @@ pub fn emit_function(
         opts,
         axis_dim: axis_dims(f),
         dot_padded: Default::default(),
+        uses_product: Default::default(),
         axes: all_axes(f),
     };
     let fname = names.fresh(&ident(&f.name));
@@ -469,6 +533,7 @@ pub fn emit_function(
         name: fname,
         source,
         host,
+        uses_product: ctx.uses_product.get(),
     })
 }
 
@@ -544,7 +609,11 @@ fn reduce_tile(
         BuiltinReducer::Add => "tl.sum",
         BuiltinReducer::Max => "tl.max",
         BuiltinReducer::Min => "tl.min",
-        BuiltinReducer::Mul => return Err("a product reduction is not lowered yet".into()),
+        BuiltinReducer::Mul => "tl.reduce",
+    };
+    let combine = match r {
+        BuiltinReducer::Mul => format!(", combine_fn={PRODUCT_COMBINE}"),
+        _ => String::new(),
     };
     let mut out = dims.to_vec();
     if keep_dims {
@@ -560,12 +629,12 @@ fn reduce_tile(
     let kd = if keep_dims { "True" } else { "False" };
     Ok(if dims.len() == 1 && !keep_dims {
         Val::Tile {
-            expr: format!("{f}({x}, axis=0)"),
+            expr: format!("{f}({x}, axis=0{combine})"),
             dims: out,
         }
     } else {
         Val::Tile {
-            expr: format!("{f}({x}, axis={i}, keep_dims={kd})"),
+            expr: format!("{f}({x}, axis={i}{combine}, keep_dims={kd})"),
             dims: out,
         }
     })
@@ -1459,9 +1528,7 @@ impl KernelEmitter<'_, '_> {
                     BuiltinReducer::Add => format!("{acc} + {item}"),
                     BuiltinReducer::Max => format!("tl.maximum({acc}, {item})"),
                     BuiltinReducer::Min => format!("tl.minimum({acc}, {item})"),
-                    BuiltinReducer::Mul => {
-                        return Err((id, "a product reduction is not lowered yet".into()))
-                    }
+                    BuiltinReducer::Mul => format!("{acc} * {item}"),
                 }]
             }
             ReducerRef::User(n) => {
@@ -1995,6 +2062,9 @@ impl KernelEmitter<'_, '_> {
                 for (v, r) in fields.into_iter().zip(parts) {
                     let (x, dims) = v.tile()?;
                     let i = resolve(d, dims).ok_or("a reduction over an unknown dimension")?;
+                    if r == BuiltinReducer::Mul {
+                        self.ctx.uses_product.set(true);
+                    }
                     out.push(reduce_tile(x, dims, i, r, *keep_dims)?);
                 }
                 if matches!(ty, Some(Type::Tuple(_))) {

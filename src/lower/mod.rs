@@ -466,6 +466,9 @@ pub fn cost(f: &Function, g: &KernelGraph) -> Cost {
             for o in body.node(*id).kind.operands() {
                 if let Some(b) = g.load_base[o.index()] {
                     reads.insert(b);
+                } else if matches!(body.node(o).kind, ExprKind::Input | ExprKind::Param) {
+                    // A tensor-level operator reads an input whole, with no view between.
+                    reads.insert(o);
                 }
             }
         }
