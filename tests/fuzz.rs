@@ -14,7 +14,8 @@
 //! whatever parses is printed, re-parsed and printed again (the text must be a fixed point,
 //! with and without `--print-types`-style annotations, and must verify exactly when the
 //! input does); small verified programs run in the interpreter, and so does their printed
-//! form, which must compute bit-identical results. A fraction of the byte-level mutations
+//! form, which must compute bit-identical results; every verified function goes through
+//! `lower`'s kernel graph, traffic and Triton emission, which may refuse it but not panic. A fraction of the byte-level mutations
 //! also goes through the `efopt` binary, which must exit 0 or 1 (never panic or crash).
 //! Any panic, fixed-point violation, or interpreter error on a verified program (other than
 //! a size limit) fails the test, printing a shrunken reproducer for each distinct failure.
@@ -156,6 +157,8 @@ struct Stats {
     parsed: u64,
     verified: u64,
     interpreted: u64,
+    lowered: u64,
+    refused_by_lower: u64,
     generated: u64,
     cli_runs: u64,
     oracle_calls: u64,
@@ -437,6 +440,23 @@ fn check_text(text: &str, stats: &mut Stats) -> Result<(), Failure> {
                 first_difference(&typed, &typed_twice)
             ),
         )));
+    }
+
+    // Every verified function goes through the kernel graph, its traffic and the Triton
+    // emitter: a refusal is an answer, a panic is a failure.
+    for f in &m.funcs {
+        guarded("lower (kernel graph and cost)", || {
+            efopt::lower::cost(f, &efopt::lower::kernel_graph(f))
+        })
+        .map_err(at)?;
+        let emitted = guarded("lower (Triton emission)", || {
+            efopt::backend::triton::lowerable(&m, f)
+        })
+        .map_err(at)?;
+        match emitted {
+            Ok(()) => stats.lowered += 1,
+            Err(_) => stats.refused_by_lower += 1,
+        }
     }
 
     // Small programs run, and their printed form computes the same values.
@@ -2033,7 +2053,7 @@ fn fuzz() {
     };
     let elapsed = started.elapsed();
     eprintln!(
-        "fuzz: seed {seed:#x}, {:.1} s: {} cases ({} generated programs, {} oracle calls), {} parsed, {} verified, {} interpreted, {} runs of the binary; {} distinct failures",
+        "fuzz: seed {seed:#x}, {:.1} s: {} cases ({} generated programs, {} oracle calls), {} parsed, {} verified, {} interpreted, {} functions lowered ({} refused by lower), {} runs of the binary; {} distinct failures",
         elapsed.as_secs_f64(),
         stats.cases,
         stats.generated,
@@ -2041,6 +2061,8 @@ fn fuzz() {
         stats.parsed,
         stats.verified,
         stats.interpreted,
+        stats.lowered,
+        stats.refused_by_lower,
         stats.cli_runs,
         findings.by_signature.len()
     );
