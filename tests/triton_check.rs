@@ -166,6 +166,13 @@ fn check_counts(file: &str, sizes: &[&str], functions: u64, kernels: u64) {
     );
 }
 
+/// Broadcasts (new leading dimensions, a size-1 dimension stretched, a scalar), at tensor
+/// level and loaded by a tiled region, all run and compiled; `reshape` is refused.
+#[test]
+fn broadcasts_run_and_compile() {
+    check_counts("tests/lit/lower/layout.ef", &[], 3, 4);
+}
+
 /// Hand-written folds: an all-reduce collection fold before the kernel's other loop, a
 /// one-field user reducer over a tile dimension, a collection fold inside a kernel, a
 /// whole (combined in-kernel) axis, an axis both folded in a loop and on the grid, and user

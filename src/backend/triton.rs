@@ -1881,6 +1881,33 @@ impl KernelEmitter<'_, '_> {
                     dims,
                 }
             }
+            ExprKind::Broadcast(..) => {
+                let Some(Type::Tensor(t)) = ty else {
+                    return Err("broadcast without a type".into());
+                };
+                let (x, xd) = tile(0)?;
+                let dims = self.dims_of(t);
+                let lens: Vec<String> = dims.iter().map(|d| d.len.clone()).collect();
+                // Right-aligned: the operand's dimensions are the result's last ones (a size-1
+                // one is a block of 1 that `broadcast_to` stretches); new leading ones are
+                // `None` indices. A scalar (perhaps a Python literal) is added to zeros.
+                let extra = dims
+                    .len()
+                    .checked_sub(xd.len())
+                    .ok_or("a broadcast to a lower rank")?;
+                let expr = if xd.is_empty() {
+                    format!("(tl.zeros([{}], tl.float32) + ({x}))", lens.join(", "))
+                } else {
+                    let x = if extra == 0 {
+                        x
+                    } else {
+                        let kept = vec![":"; xd.len()].join(", ");
+                        format!("({x})[{}{kept}]", "None, ".repeat(extra))
+                    };
+                    format!("tl.broadcast_to({x}, [{}])", lens.join(", "))
+                };
+                Val::Tile { expr, dims }
+            }
             ExprKind::Tuple(_) => Val::Tuple(vals),
             ExprKind::Get(field, _) => {
                 let i = match field {
