@@ -377,6 +377,27 @@ pub fn emit_function(
     opts: TritonOptions,
     names: &mut Namer,
 ) -> Result<Emitted, (NodeId, String)> {
+    // Triton indexes blocks with 32-bit integers; a literal dimension past that is refused
+    // here, before any block length is derived from it.
+    for (i, node) in f.body.nodes.iter().enumerate() {
+        let mut stack: Vec<&Type> = node.ty.iter().collect();
+        while let Some(t) = stack.pop() {
+            match t {
+                Type::Tensor(t) => {
+                    if let Some(n) = t.shape.iter().find_map(|d| match d.base {
+                        DimBase::Lit(n) if n > i32::MAX as u64 => Some(n),
+                        _ => None,
+                    }) {
+                        return Err((
+                            NodeId(i as u32),
+                            format!("a literal dimension of {n}, past Triton's 32-bit indices"),
+                        ));
+                    }
+                }
+                Type::Tuple(ts) => stack.extend(ts),
+            }
+        }
+    }
     let g = kernel_graph(f);
     if !g.launch_order {
         return Err((

@@ -428,6 +428,7 @@ pub struct Cost {
     pub flops: u64,
 }
 
+/// Saturating: sizes come from the program's `where` clause, which may be any u64.
 fn elements(t: &TensorType, bindings: &[Binding]) -> u64 {
     t.shape
         .iter()
@@ -435,7 +436,7 @@ fn elements(t: &TensorType, bindings: &[Binding]) -> u64 {
             d.eval(&|s| bindings.iter().find(|b| b.name == s).map(|b| b.value))
                 .unwrap_or(1)
         })
-        .product()
+        .fold(1u64, u64::saturating_mul)
 }
 
 /// Bytes each kernel reads and writes in global memory (every read value once per kernel)
@@ -444,12 +445,14 @@ fn elements(t: &TensorType, bindings: &[Binding]) -> u64 {
 pub fn cost(f: &Function, g: &KernelGraph) -> Cost {
     let body = &f.body;
     let bytes = |id: &NodeId| -> u64 {
-        let mut total = 0;
+        let mut total = 0u64;
         let mut stack: Vec<&Type> = body.ty(*id).into_iter().collect();
         while let Some(t) = stack.pop() {
             match t {
                 Type::Tensor(t) => {
-                    total += elements(t, &f.bindings) * t.dtype.size_bytes();
+                    total = total.saturating_add(
+                        elements(t, &f.bindings).saturating_mul(t.dtype.size_bytes()),
+                    );
                 }
                 Type::Tuple(ts) => stack.extend(ts),
             }
@@ -472,15 +475,17 @@ pub fn cost(f: &Function, g: &KernelGraph) -> Cost {
                 }
             }
         }
-        c.bytes_read += reads.iter().map(bytes).sum::<u64>();
-        c.bytes_written += k.outputs.iter().map(bytes).sum::<u64>();
+        let sum =
+            |ids: &mut dyn Iterator<Item = &NodeId>| ids.map(bytes).fold(0u64, u64::saturating_add);
+        c.bytes_read = c.bytes_read.saturating_add(sum(&mut reads.iter()));
+        c.bytes_written = c.bytes_written.saturating_add(sum(&mut k.outputs.iter()));
         for id in &k.nodes {
             let node = body.node(*id);
             let Some(Type::Tensor(out)) = node.ty.as_ref() else {
                 continue;
             };
             let n = elements(out, &f.bindings);
-            c.flops += match &node.kind {
+            let work = match &node.kind {
                 ExprKind::TileMatMul { a, .. } | ExprKind::MatMul { a, .. } => {
                     let k_len = match body.ty(*a) {
                         Some(Type::Tensor(t)) => t
@@ -495,7 +500,7 @@ pub fn cost(f: &Function, g: &KernelGraph) -> Cost {
                             .unwrap_or(1),
                         _ => 1,
                     };
-                    2 * n * k_len
+                    n.saturating_mul(k_len).saturating_mul(2)
                 }
                 ExprKind::Unary(..) | ExprKind::Binary(..) | ExprKind::Select(..) => n,
                 ExprKind::Reduce { input, .. } => match body.ty(*input) {
@@ -504,6 +509,7 @@ pub fn cost(f: &Function, g: &KernelGraph) -> Cost {
                 },
                 _ => 0,
             };
+            c.flops = c.flops.saturating_add(work);
         }
     }
     c
