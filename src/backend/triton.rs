@@ -34,54 +34,11 @@ pub struct TritonOptions {
 }
 
 const PY_KEYWORDS: &[&str] = &[
-    "False",
-    "None",
-    "True",
-    "and",
-    "as",
-    "assert",
-    "async",
-    "await",
-    "break",
-    "class",
-    "continue",
-    "def",
-    "del",
-    "elif",
-    "else",
-    "except",
-    "finally",
-    "for",
-    "from",
-    "global",
-    "if",
-    "import",
-    "in",
-    "is",
-    "lambda",
-    "nonlocal",
-    "not",
-    "or",
-    "pass",
-    "raise",
-    "return",
-    "try",
-    "while",
-    "with",
-    "yield",
-    "tl",
-    "triton",
-    "torch",
-    "np",
-    "range",
-    "min",
-    "max",
-    "float",
-    "int",
-    "len",
-    "empty",
-    "schedule",
-    PRODUCT_COMBINE,
+    "False", "None", "True", "and", "as", "assert", "async", "await", "break", "class", "continue",
+    "def", "del", "elif", "else", "except", "finally", "for", "from", "global", "if", "import",
+    "in", "is", "lambda", "nonlocal", "not", "or", "pass", "raise", "return", "try", "while",
+    "with", "yield", "tl", "triton", "torch", "np", "range", "min", "max", "float", "int", "len",
+    "empty", "schedule",
 ];
 
 /// The `@triton.jit` combine function of a product reduction over a block: Triton has `tl.sum`,
@@ -94,6 +51,7 @@ fn namer() -> Namer {
     for k in PY_KEYWORDS {
         n.reserve(k);
     }
+    n.reserve(PRODUCT_COMBINE);
     n
 }
 
