@@ -123,6 +123,36 @@ fn extracted_candidates_run_and_compile() {
     }
 }
 
+/// Issue 42's programs under Triton: sliding windows whose first key tiles are fully masked
+/// (the generated rolling reducer's guard, lowered, keeps them from NaN) and one-row queries
+/// (a product with one row is no `tl.dot`, which needs 16: the old lowering failed in Triton
+/// with "Input shapes should have M >= 16"). Single-kernel candidates, which fold every key
+/// tile in one loop, and the first candidates of any kind.
+#[test]
+fn masked_first_tiles_and_one_row_queries_run_and_compile() {
+    for name in [
+        "sliding_window_decode",
+        "sliding_window_prefill",
+        "decode_single_query",
+        "attention_sinks_decode",
+    ] {
+        for extract in [
+            "extract{max-candidates=40 max-kernels=1}",
+            "extract{max-candidates=40}",
+        ] {
+            let summary = check_file(
+                &format!("tests/corpus/{name}.ef"),
+                &[],
+                &format!("saturate,{extract},triton-check{{compile=sm_90 blocks=16,32 sample=4}}"),
+            );
+            assert!(
+                count(&summary, " kernel compilation") > 0,
+                "{name}: {summary}"
+            );
+        }
+    }
+}
+
 /// A compiler crash (Triton's C++ asserts abort the process) fails the check naming the
 /// kernel, and the other kernels are still compiled. The crash is injected through
 /// `EFOPT_TRITON_ABORT_ON`.

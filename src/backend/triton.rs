@@ -1992,9 +1992,10 @@ impl KernelEmitter<'_, '_> {
                 let mut dims: Vec<BlockDim> = da[..r - 1].to_vec();
                 dims.push(db[r - 1].clone());
                 let (m, k, n) = (&da[r - 2].len, &da[r - 1].len, &db[r - 1].len);
-                if r > 2 && [m, k, n].iter().any(|l| l.as_str() == "1") {
+                if [m, k, n].iter().any(|l| l.as_str() == "1") {
                     // `tl.dot` needs 16 rows, columns and depth (a decode step has one query
-                    // row): multiply broadcast operands and sum over the depth instead.
+                    // row, batched or not): multiply broadcast operands and sum over the
+                    // depth instead.
                     let expand_a = format!("[{}None]", ":, ".repeat(r));
                     let expand_b = format!("[{}None, :, :]", ":, ".repeat(r - 2));
                     return Ok(Val::Tile {

@@ -81,6 +81,12 @@ pub fn extract_info() -> PassInfo {
             default: "60",
             help: "stop enumerating an e-graph after this many seconds",
         },
+        OptionInfo {
+            name: "check-candidates",
+            kind: OptionKind::Bool,
+            default: "true",
+            help: "run every candidate output against the function it was extracted from, in the reference interpreter at small sizes (unit and large inputs), and drop one that differs with a warning: a wrong candidate is a bug in efopt (`EFOPT_WRONG_CANDIDATES=error` makes it an error); `check{sample=0}` is the exhaustive check at the program's own sizes",
+        },
     ];
     PassInfo {
         name: "extract",
@@ -111,6 +117,7 @@ pub fn extract_info() -> PassInfo {
                     .ok()
                     .filter(|n: &usize| *n > 0),
                 no_pointwise_kernels: opts.get(info, "pointwise-kernels") == "drop",
+                check_candidates: opts.get(info, "check-candidates") == "true",
                 resident_mib: crate::egraph::extract::resident_mib,
             })
         },
@@ -126,6 +133,8 @@ struct ExtractPass {
     max_memory: Option<usize>,
     max_kernels: Option<usize>,
     no_pointwise_kernels: bool,
+    /// Whether the output's candidates are run against their source (`super::net`).
+    check_candidates: bool,
     /// What the output's memory limit reads: the process's resident size. (A test gives it
     /// another, to stop the output where it chooses.)
     resident_mib: fn() -> Option<usize>,
@@ -274,8 +283,13 @@ impl Pass for ExtractPass {
                 ));
                 format!("memory limit ({limit} MiB) reached")
             });
+            let mut output = output;
+            let net = self.check_candidates.then(|| self.net(g, &mut output, cx));
             let output_count = output.functions.len();
             cx.report.push(summary_line(output_count));
+            if let Some(line) = net.as_ref().map(|n| n.line.clone()) {
+                cx.report.push(line);
+            }
             // Moved, not copied, where it is the only e-graph's (the copy would hold both).
             if funcs.is_empty() {
                 funcs = output.functions;
@@ -314,6 +328,9 @@ impl Pass for ExtractPass {
             // Moved in: `json!` would serialise a copy of the list (one row per output
             // candidate), allocated after the output stopped at the memory limit.
             if let Some(fields) = row.as_object_mut() {
+                if let Some(net) = net {
+                    fields.insert("candidate_check".into(), net.stats);
+                }
                 fields.insert("candidates".into(), serde_json::Value::Array(output.listed));
             }
             per_graph.push(row);
@@ -326,6 +343,140 @@ impl Pass for ExtractPass {
         module.egraphs.clear();
         module.funcs = funcs;
         Ok(())
+    }
+}
+
+/// What the net found on one e-graph's output: its report line and `--stats=json` object.
+struct NetOutcome {
+    line: String,
+    stats: serde_json::Value,
+}
+
+impl ExtractPass {
+    /// Runs the output's candidates against the function the e-graph was built from
+    /// (`super::net`), drops the wrong ones with a warning each, and numbers the rest again.
+    fn net(
+        &self,
+        g: &crate::egraph::TypedEGraph,
+        output: &mut CandidateOutput,
+        cx: &mut PassContext,
+    ) -> NetOutcome {
+        let Some(source) = cx.original.funcs.iter().find(|f| f.name == g.name) else {
+            let why = "no source function of that name (extracted from a dump): run `check{against=SOURCE}`";
+            return NetOutcome {
+                line: format!("// extract @{}: candidates not checked: {why}", g.name),
+                stats: serde_json::json!({ "checked": 0, "skipped": why }),
+            };
+        };
+        let module = Module {
+            reducers: g.egraph.analysis.env.reducers().to_vec(),
+            ..Module::default()
+        };
+        let report = super::net::check_candidates(&module, source, &output.functions, cx.seed);
+        let sizes: Vec<String> = report
+            .sizes
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        if let Some(why) = &report.skipped {
+            cx.diagnostics.push(Diagnostic::global(
+                Severity::Warning,
+                format!("extract @{}: candidates not checked: {why}", g.name),
+            ));
+        }
+        let wrong: Vec<usize> = report.wrong.iter().map(|(i, _)| *i).collect();
+        // One diagnostic each for the first few; the rest in one line.
+        for (i, why) in report.wrong.iter().take(WRONG_SHOWN) {
+            cx.diagnostics.push(super::net::wrong_candidate(
+                &module,
+                &g.name,
+                &output.functions[*i],
+                why,
+            ));
+        }
+        if report.wrong.len() > WRONG_SHOWN {
+            let rest: Vec<&str> = report.wrong[WRONG_SHOWN..]
+                .iter()
+                .map(|(i, _)| output.functions[*i].name.as_str())
+                .collect();
+            cx.diagnostics.push(Diagnostic::global(
+                super::net::wrong_candidate_severity(),
+                format!(
+                    "extract @{}: {} more wrong candidates dropped: {}",
+                    g.name,
+                    rest.len(),
+                    rest.join(", ")
+                ),
+            ));
+        }
+        if !wrong.is_empty() {
+            drop_candidates(output, &wrong, &g.name);
+        }
+        let per = if report.checked > 0 {
+            report.seconds * 1e3 / report.checked as f64
+        } else {
+            0.0
+        };
+        let line = match &report.skipped {
+            Some(why) => format!("// extract @{}: candidates not checked: {why}", g.name),
+            None => format!(
+                "// extract @{}: {} candidates checked against the source at {} in {:.3} s ({per:.2} ms each), {} wrong and dropped",
+                g.name,
+                report.checked,
+                sizes.join(" "),
+                report.seconds,
+                wrong.len()
+            ),
+        };
+        NetOutcome {
+            line,
+            stats: serde_json::json!({
+                "checked": report.checked,
+                "wrong": wrong.len(),
+                "sizes": sizes,
+                "seconds": report.seconds,
+                "ms_per_candidate": per,
+                "skipped": report.skipped,
+            }),
+        }
+    }
+}
+
+/// Wrong candidates reported one diagnostic each; more are named in one line.
+const WRONG_SHOWN: usize = 8;
+
+/// Removes the candidates at `wrong` (sorted indices) from `output` and numbers the rest
+/// `name.c0`, `name.c1`, … again, with their comments' count.
+fn drop_candidates(output: &mut CandidateOutput, wrong: &[usize], name: &str) {
+    let keep = |i: usize| wrong.binary_search(&i).is_err();
+    let mut i = 0;
+    output.functions.retain(|_| {
+        i += 1;
+        keep(i - 1)
+    });
+    let mut i = 0;
+    output.listed.retain(|_| {
+        i += 1;
+        keep(i - 1)
+    });
+    let total = output.functions.len();
+    for (i, (f, row)) in output
+        .functions
+        .iter_mut()
+        .zip(output.listed.iter_mut())
+        .enumerate()
+    {
+        f.name = format!("{name}.c{i}");
+        if let Some(comment) = f.comment.as_mut() {
+            let rest = comment
+                .split_once(": ")
+                .map_or(comment.as_str(), |(_, rest)| rest)
+                .to_string();
+            *comment = format!("candidate {i} of {total}: {rest}");
+        }
+        if let Some(fields) = row.as_object_mut() {
+            fields.insert("name".into(), f.name.clone().into());
+        }
     }
 }
 
@@ -488,6 +639,7 @@ mod tests {
             max_memory: Some(4096),
             max_kernels: None,
             no_pointwise_kernels: false,
+            check_candidates: true,
             resident_mib: || Some(usize::MAX),
         };
         let mut cx = context(&mut sources, &original);
@@ -504,7 +656,11 @@ mod tests {
             Some(OUTPUT_CHUNK)
         );
         assert_eq!(row["output_stop"], "memory limit (4096 MiB) reached");
-        let summary = cx.report.last().expect("a summary line");
+        let summary = cx
+            .report
+            .iter()
+            .find(|l| l.contains(" distinct, "))
+            .expect("a summary line");
         assert!(
             summary.contains(&format!(", {found} distinct, {OUTPUT_CHUNK} output,")),
             "{summary}"

@@ -5,6 +5,7 @@ pub mod check;
 pub mod contains;
 pub mod extract;
 pub mod lower;
+pub mod net;
 pub mod saturate;
 pub mod typing;
 pub mod verify;

@@ -5,6 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
+pub mod gen;
+
 /// Every `.ef` program under `examples/` and `tests/rules/`, sorted.
 pub fn example_and_rule_programs() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));

@@ -268,6 +268,9 @@ fn spawn(cmd: &Command, input: Vec<u8>, ctx: &Context<'_>) -> Outcome {
         .current_dir(ctx.cwd)
         // Diagnostics are matched as plain text; a test may still override this.
         .env("NO_COLOR", "1")
+        // A candidate `extract` drops as wrong is a bug: it fails the test (a test about the
+        // net itself sets `env EFOPT_WRONG_CANDIDATES=warn`).
+        .env("EFOPT_WRONG_CANDIDATES", "error")
         .envs(cmd.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::piped());
 

@@ -13,11 +13,11 @@
 //! Generated reducers are named after a hash of their definition, so the same fusion found
 //! twice yields one reducer.
 
+use super::repair::{self, emit_guard, emit_repair, Repair, RepairProblem};
 use super::*;
-use crate::interp::{random_inputs, relative_l2, Interpreter, Sizes};
+use crate::interp::Sizes;
 use crate::ir::{
-    BinaryOp, Binding, Body, BuiltinReducer, ExprKind, Function, Module, Node, NodeId, ReducerDef,
-    ReducerRef, UnaryOp,
+    BinaryOp, Body, BuiltinReducer, ExprKind, Node, NodeId, ReducerDef, ReducerRef, UnaryOp,
 };
 use crate::passes::typing::{infer, TypeEnv};
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -257,6 +257,20 @@ impl G {
         }
     }
 
+    /// The tree as text with items numbered by `positions`: equal for equal contributions
+    /// wherever their items live.
+    fn key(&self, positions: &HashMap<Id, usize>) -> String {
+        match self {
+            G::Producer => "s".into(),
+            G::Item(i) => format!("y{}", positions.get(i).copied().unwrap_or(usize::MAX)),
+            G::Literal(bits, t) => format!("{}:{t:?}", f64::from_bits(*bits)),
+            G::Node(op, kids) => {
+                let kids: Vec<String> = kids.iter().map(|k| k.key(positions)).collect();
+                format!("{op:?}({})", kids.join(","))
+            }
+        }
+    }
+
     fn items(&self, out: &mut Vec<Id>) {
         match self {
             G::Item(i) if !out.contains(i) => out.push(*i),
@@ -375,89 +389,14 @@ fn emit(body: &mut Body, g: &G, producer: NodeId, items: &HashMap<Id, NodeId>) -
     })
 }
 
-/// Repair candidates `h(c, s, s')`, simplest first.
-#[derive(Clone, Copy, Debug)]
-enum Repair {
-    Keep,
-    ScaleExpOldMinusNew,
-    ScaleExpNewMinusOld,
-    ShiftNewMinusOld,
-    ScaleOldOverNew,
-}
-
-const REPAIRS: [Repair; 5] = [
-    Repair::Keep,
-    Repair::ScaleExpOldMinusNew,
-    Repair::ScaleExpNewMinusOld,
-    Repair::ShiftNewMinusOld,
-    Repair::ScaleOldOverNew,
-];
-
-fn emit_repair(body: &mut Body, r: Repair, c: NodeId, s: NodeId, s1: NodeId) -> NodeId {
-    match r {
-        Repair::Keep => c,
-        Repair::ScaleExpOldMinusNew | Repair::ScaleExpNewMinusOld => {
-            let d = if matches!(r, Repair::ScaleExpOldMinusNew) {
-                push(body, ExprKind::Binary(BinaryOp::Subtract, s, s1))
-            } else {
-                push(body, ExprKind::Binary(BinaryOp::Subtract, s1, s))
-            };
-            let e = push(body, ExprKind::Unary(UnaryOp::Exp, d));
-            push(body, ExprKind::Binary(BinaryOp::Multiply, c, e))
-        }
-        Repair::ShiftNewMinusOld => {
-            let d = push(body, ExprKind::Binary(BinaryOp::Subtract, s1, s));
-            push(body, ExprKind::Binary(BinaryOp::Add, c, d))
-        }
-        Repair::ScaleOldOverNew => {
-            let q = push(body, ExprKind::Binary(BinaryOp::Divide, s, s1));
-            push(body, ExprKind::Binary(BinaryOp::Multiply, c, q))
-        }
-    }
-}
-
 /// An f32 tensor type without parallel state, for checking identities on plain tensors.
 fn plain(t: &TensorType) -> TensorType {
     TensorType::new(crate::ir::DType::F32, t.shape.clone())
 }
 
-/// Runs a body whose params are inputs of the given types on random values; returns its
-/// two results' relative L2 distance.
-fn identity_error(body: Body, env: &TypeEnv, sizes: &Sizes, seed: u64) -> Option<f64> {
-    let mut body = body;
-    let types = crate::passes::typing::type_body(&body, &[], env).ok()?;
-    for (n, t) in body.nodes.iter_mut().zip(types) {
-        n.ty = Some(t);
-    }
-    let f = Function {
-        name: "identity".into(),
-        name_span: Default::default(),
-        bindings: sizes
-            .0
-            .iter()
-            .map(|(k, v)| Binding {
-                name: k.clone(),
-                value: *v,
-                span: Default::default(),
-            })
-            .collect(),
-        body,
-        comment: None,
-    };
-    let module = Module {
-        reducers: env.reducers().to_vec(),
-        ..Module::default()
-    };
-    let vals = random_inputs(&f, sizes, seed, 1.0).ok()?;
-    let res = Interpreter::new(&module, sizes.clone())
-        .run(&f, &vals)
-        .ok()?;
-    let (a, b) = (res.first()?.dense()?, res.get(1)?.dense()?);
-    Some(relative_l2(a, b))
-}
-
-/// Finds a repair for consumer contribution `g` checked on random values: `h(g(y,s),s,s') =
-/// g(y,s')` and `h(a+b,s,s') = h(a,s,s') + h(b,s,s')`.
+/// Finds a repair for consumer contribution `g` of a producer whose empty state is `empty`,
+/// checked on the scalar algebra (`repair::verify_repair`). Verdicts are kept for the
+/// process: the same contribution meets the same producer at every match of every iteration.
 fn synthesise_repair(
     eg: &EGraph,
     axis: &str,
@@ -465,7 +404,10 @@ fn synthesise_repair(
     items: &[Id],
     producer_ty: &TensorType,
     contrib_ty: &TensorType,
+    empty: f64,
 ) -> Option<Repair> {
+    use std::sync::{Mutex, OnceLock};
+    static VERDICTS: OnceLock<Mutex<HashMap<String, Option<Repair>>>> = OnceLock::new();
     let env = &eg.analysis.env;
     // Concrete small sizes: every symbol 4, every axis 2.
     let mut syms = BTreeSet::new();
@@ -507,59 +449,34 @@ fn synthesise_repair(
             })
             .collect(),
     );
-    let p_ty = plain(producer_ty);
-    let c_ty = plain(contrib_ty);
-    'candidates: for r in REPAIRS {
-        for seed in [11u64, 12] {
-            // Identity 1: h(g(y, s), s, s') against g(y, s'), with s' = max(s, t).
-            let mut body = Body::default();
-            let mut item_nodes = HashMap::new();
-            let input = |body: &mut Body, t: &TensorType| {
-                let id = body.push(Node {
-                    kind: ExprKind::Input,
-                    name: None,
-                    annot: Some(Type::Tensor(t.clone())),
-                    span: Default::default(),
-                    ty: None,
-                });
-                body.params.push(id);
-                id
-            };
-            for (i, t) in items.iter().zip(&item_types) {
-                item_nodes.insert(*i, input(&mut body, t));
-            }
-            let s = input(&mut body, &p_ty);
-            let t = input(&mut body, &p_ty);
-            let s1 = push(&mut body, ExprKind::Binary(BinaryOp::Maximum, s, t));
-            let gs = emit(&mut body, g, s, &item_nodes)?;
-            let gs1 = emit(&mut body, g, s1, &item_nodes)?;
-            let lhs = emit_repair(&mut body, r, gs, s, s1);
-            body.results = vec![lhs, gs1];
-            match identity_error(body, env, &sizes, seed) {
-                Some(e) if e <= 1e-4 => {}
-                _ => continue 'candidates,
-            }
-            // Identity 2: h distributes over the consumer's @add.
-            let mut body = Body::default();
-            let a = input(&mut body, &c_ty);
-            let b = input(&mut body, &c_ty);
-            let s = input(&mut body, &p_ty);
-            let t = input(&mut body, &p_ty);
-            let s1 = push(&mut body, ExprKind::Binary(BinaryOp::Maximum, s, t));
-            let ab = push(&mut body, ExprKind::Binary(BinaryOp::Add, a, b));
-            let lhs = emit_repair(&mut body, r, ab, s, s1);
-            let ha = emit_repair(&mut body, r, a, s, s1);
-            let hb = emit_repair(&mut body, r, b, s, s1);
-            let rhs = push(&mut body, ExprKind::Binary(BinaryOp::Add, ha, hb));
-            body.results = vec![lhs, rhs];
-            match identity_error(body, env, &sizes, seed) {
-                Some(e) if e <= 1e-4 => {}
-                _ => continue 'candidates,
-            }
-        }
-        return Some(r);
+    let (producer, contribution) = (plain(producer_ty), plain(contrib_ty));
+    let positions: HashMap<Id, usize> = items.iter().enumerate().map(|(i, id)| (*id, i)).collect();
+    let key = format!(
+        "{} | {item_types:?} | {producer:?} | {contribution:?} | {empty}",
+        g.key(&positions)
+    );
+    let verdicts = VERDICTS.get_or_init(Default::default);
+    if let Some(v) = verdicts.lock().ok().and_then(|m| m.get(&key).copied()) {
+        return v;
     }
-    None
+    let emit_g = |body: &mut Body, producer: NodeId, nodes: &[NodeId]| {
+        let map: HashMap<Id, NodeId> = items.iter().copied().zip(nodes.iter().copied()).collect();
+        emit(body, g, producer, &map)
+    };
+    let problem = RepairProblem {
+        env,
+        sizes,
+        items: item_types,
+        producer,
+        contribution,
+        empty,
+        g: &emit_g,
+    };
+    let verdict = repair::synthesise(&problem);
+    if let Ok(mut m) = verdicts.lock() {
+        m.insert(key, verdict);
+    }
+    verdict
 }
 
 struct Consumer {
@@ -614,7 +531,9 @@ fn repair_fusion(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
             let Some(cty) = tensor_type(eg, c) else {
                 continue;
             };
-            if let Some(repair) = synthesise_repair(eg, axis, &g, &items, producer_ty, cty) {
+            if let Some(repair) =
+                synthesise_repair(eg, axis, &g, &items, producer_ty, cty, rp.identity())
+            {
                 consumers.push(Consumer {
                     class: c,
                     g,
@@ -660,9 +579,32 @@ fn repair_fusion(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
         let s1 = push(&mut body, ExprKind::Binary(rp.fold_op(), s, xp));
         let mut next = vec![s1];
         let mut ok = true;
+        // The states as the repairs and contributions read them: an empty state (no item
+        // but masked ones yet) shifted to a finite value, one guard per value and state.
+        let mut guards: HashMap<(u64, bool), NodeId> = HashMap::new();
+        let mut guard = |body: &mut Body, shift: f64, new: bool| {
+            *guards
+                .entry((shift.to_bits(), new))
+                .or_insert_with(|| emit_guard(body, if new { s1 } else { s }, rp.identity(), shift))
+        };
         for (i, c) in chosen.iter().enumerate() {
-            let repaired = emit_repair(&mut body, c.repair, cs[i], s, s1);
-            let Some(contrib) = emit(&mut body, &c.g, s1, &item_nodes) else {
+            let shift = c.repair.empty_shift();
+            let new = if c.g.uses_producer() || c.repair.reads_state() {
+                guard(&mut body, shift, true)
+            } else {
+                s1
+            };
+            let repaired = if c.repair.reads_state() {
+                let old = if c.repair.guards_old() {
+                    guard(&mut body, shift, false)
+                } else {
+                    s
+                };
+                emit_repair(&mut body, c.repair, cs[i], old, new)
+            } else {
+                cs[i]
+            };
+            let Some(contrib) = emit(&mut body, &c.g, new, &item_nodes) else {
                 ok = false;
                 break;
             };
@@ -728,6 +670,89 @@ fn repair_fusion(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
         for (i, c) in chosen.iter().enumerate() {
             out.equal(c.class, node(Op::Get(i + 1), vec![fused.clone()]));
         }
+        let repairs: Vec<String> = chosen
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("c{i} by {}: {}", c.repair.name(), c.repair.equation()))
+            .collect();
+        remember(&def.name, format!("repair-fusion, {}", repairs.join("; ")));
         out.reducers.push(def);
+    }
+}
+
+/// What made each generated reducer of this process, by name.
+fn made() -> &'static std::sync::Mutex<HashMap<String, String>> {
+    static MADE: std::sync::OnceLock<std::sync::Mutex<HashMap<String, String>>> =
+        std::sync::OnceLock::new();
+    MADE.get_or_init(Default::default)
+}
+
+fn remember(name: &str, what: String) {
+    if let Ok(mut m) = made().lock() {
+        m.entry(name.to_string()).or_insert(what);
+    }
+}
+
+/// The repair of each accumulator of a repair-fusion reducer, read back from its body
+/// (`c_i * exp(s − …)`, `c_i + …`): for a reducer loaded from a dump, whose making this
+/// process did not see. Empty when the body has another shape.
+fn read_repairs(def: &ReducerDef) -> Vec<String> {
+    let body = &def.body;
+    let Some(ExprKind::Tuple(fields)) = body.results.first().map(|r| &body.node(*r).kind) else {
+        return Vec::new();
+    };
+    let param = |id: NodeId| {
+        let n = body.node(id);
+        matches!(n.kind, ExprKind::Param).then(|| n.name.clone().unwrap_or_default())
+    };
+    let mut out = Vec::new();
+    for (i, f) in fields.iter().enumerate().skip(1) {
+        let ExprKind::Binary(BinaryOp::Add, repaired, _) = body.node(*f).kind else {
+            return Vec::new();
+        };
+        let kind = match &body.node(repaired).kind {
+            ExprKind::Param => Repair::Keep,
+            ExprKind::Binary(BinaryOp::Multiply, _, factor) => match &body.node(*factor).kind {
+                ExprKind::Unary(UnaryOp::Exp, d) => match body.node(*d).kind {
+                    ExprKind::Binary(BinaryOp::Subtract, a, _)
+                        if param(a).as_deref() == Some("s") =>
+                    {
+                        Repair::ScaleExpOldMinusNew
+                    }
+                    _ => Repair::ScaleExpNewMinusOld,
+                },
+                _ => Repair::ScaleOldOverNew,
+            },
+            ExprKind::Binary(BinaryOp::Add, _, _) => Repair::ShiftNewMinusOld,
+            _ => return Vec::new(),
+        };
+        out.push(format!(
+            "c{} by {}: {}",
+            i - 1,
+            kind.name(),
+            kind.equation()
+        ));
+    }
+    out
+}
+
+/// What made a generated reducer: the fusion rule, and for repair fusion the repair of each
+/// accumulator (known for reducers this process made; a loaded one is named by its prefix).
+/// `None` for a reducer the user wrote.
+pub fn describe_generated(def: &ReducerDef) -> Option<String> {
+    if let Some(what) = made().lock().ok().and_then(|m| m.get(&def.name).cloned()) {
+        return Some(what);
+    }
+    if def.name.starts_with("repair_") {
+        let repairs = read_repairs(def);
+        Some(if repairs.is_empty() {
+            "repair-fusion".into()
+        } else {
+            format!("repair-fusion, {}", repairs.join("; "))
+        })
+    } else if def.name.starts_with("product_") {
+        Some("product-fusion".into())
+    } else {
+        None
     }
 }

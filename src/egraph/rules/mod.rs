@@ -7,6 +7,9 @@ mod algebraic;
 mod fusion;
 mod propagation;
 mod refinement;
+pub mod repair;
+
+pub use fusion::describe_generated;
 mod storage;
 mod structural;
 
