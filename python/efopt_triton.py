@@ -97,10 +97,17 @@ def empty(shape, dtype_name, _like=None):
 
 
 def relative_l2(got, want):
-    num = float(np.sqrt(np.sum((got.astype(np.float64) - want.astype(np.float64)) ** 2)))
-    den = float(np.sqrt(np.sum(want.astype(np.float64) ** 2)))
+    """The reference interpreter's `reference_error`: relative L2 over the elements where the
+    reference is finite (where it overflowed or is NaN, nothing is required); infinite where
+    the result is not finite at such an element. An infinite error is written as 1e308 (JSON
+    has no infinity)."""
+    keep = np.isfinite(want)
+    got = got.astype(np.float64)[keep]
+    want = want.astype(np.float64)[keep]
     if not np.all(np.isfinite(got)):
-        return float("inf")
+        return 1e308
+    num = float(np.sqrt(np.sum((got - want) ** 2)))
+    den = float(np.sqrt(np.sum(want ** 2)))
     return num / den if den > 0 else num
 
 

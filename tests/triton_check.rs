@@ -153,6 +153,19 @@ fn masked_first_tiles_and_one_row_queries_run_and_compile() {
     }
 }
 
+/// Constant results (a mask from `iota`s, a `fill`) and a tensor-level `iota`, which had no
+/// kernel or were refused (tests/lit/lower/constants.ef).
+#[test]
+fn constant_results_run_and_compile() {
+    let summary = check_file(
+        "tests/lit/lower/constants.ef",
+        &[],
+        "saturate,extract,triton-check{compile=sm_90 blocks=16,32}",
+    );
+    assert_eq!(count(&summary, " checked"), 2, "{summary}");
+    assert!(count(&summary, " kernel compilation") >= 4, "{summary}");
+}
+
 /// A compiler crash (Triton's C++ asserts abort the process) fails the check naming the
 /// kernel, and the other kernels are still compiled. The crash is injected through
 /// `EFOPT_TRITON_ABORT_ON`.

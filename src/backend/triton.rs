@@ -431,8 +431,8 @@ pub fn emit_function(
     // Host function.
     let _ = writeln!(
         host,
-        "def {fname}({}, *, schedule=None, empty=None):",
-        params.join(", ")
+        "def {fname}({}*, schedule=None, empty=None):",
+        params.iter().map(|p| format!("{p}, ")).collect::<String>()
     );
     let _ = writeln!(
         host,
@@ -440,7 +440,7 @@ pub fn emit_function(
         f.name,
         g.kernels.len()
     );
-    host.push_str("    if empty is None:\n        import torch\n\n        def empty(shape, dtype, like):\n            return torch.empty(shape, dtype=getattr(torch, dtype), device=like.device)\n\n");
+    host.push_str("    if empty is None:\n        import torch\n\n        def empty(shape, dtype, like):\n            return torch.empty(shape, dtype=getattr(torch, dtype), device=like.device if like is not None else \"cuda\")\n\n");
     let mut sched: Vec<String> = ctx
         .axes
         .iter()
@@ -1856,6 +1856,25 @@ impl KernelEmitter<'_, '_> {
                         "tl.full([{}], {}, tl.float32)",
                         lens.join(", "),
                         float_lit(*v)
+                    ),
+                    dims,
+                }
+            }
+            ExprKind::Iota(d) => {
+                // Read whole in the kernel (no view): each element's index along `d`, from
+                // the offsets of that block dimension, broadcast over the others.
+                let Some(Type::Tensor(t)) = ty else {
+                    return Err("iota without a type".into());
+                };
+                let dims = self.dims_of(t);
+                let i = resolve(d, &dims).ok_or("iota of an unknown dimension")?;
+                let lens: Vec<String> = dims.iter().map(|d| d.len.clone()).collect();
+                Val::Tile {
+                    expr: format!(
+                        "tl.broadcast_to(({}){}.to(tl.float32), [{}])",
+                        dims[i].offs,
+                        index_for(dims.len(), i),
+                        lens.join(", ")
                     ),
                     dims,
                 }

@@ -192,7 +192,15 @@ pub fn kernel_graph(f: &Function) -> KernelGraph {
         }
         i
     }
-    let skip = |i: usize| is_leaf(&nodes[i].kind) || constant[i] || load_base[i].is_some();
+    // Constant expressions are computed inline where they are read; one that is a result is
+    // read by no kernel, so it is a kernel of its own (else the host would return nothing).
+    let result: Vec<bool> = (0..n)
+        .map(|i| body.results.contains(&NodeId(i as u32)))
+        .collect();
+    let skip = |i: usize| {
+        !(constant[i] && result[i])
+            && (is_leaf(&nodes[i].kind) || constant[i] || load_base[i].is_some())
+    };
     let in_region = |i: usize| {
         tiled(nodes[i].ty.as_ref())
             || nodes[i]

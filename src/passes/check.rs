@@ -3,7 +3,7 @@
 
 use super::{parse_extents, OptionInfo, OptionKind, Pass, PassContext, PassInfo, PassOptions};
 use crate::diag::{Diagnostic, Severity};
-use crate::interp::{random_inputs, relative_l2, Interpreter, Sizes, Value};
+use crate::interp::{random_inputs, reference_error, Interpreter, Sizes, Value};
 use crate::ir::{Function, Module, Type};
 use rayon::prelude::*;
 use std::time::Instant;
@@ -565,7 +565,7 @@ fn compare_results(
         let e = gl
             .iter()
             .zip(&wl)
-            .map(|((_, a), (_, b))| relative_l2(a, b))
+            .map(|((_, a), (_, b))| reference_error(a, b))
             .fold(0.0, f64::max);
         errs.push(e);
     }

@@ -12,11 +12,12 @@
 //! [`NET_ELEMENTS`] elements (a size never drops below 2, or its own value when smaller);
 //! parallel axes take `check`'s default extents (the largest divisor up to 4), so folded axes
 //! still have several tiles. Inputs are random at unit scale and at scale 30, as `check` does.
-//! Where the source's result is `NaN` (a fully masked row) any candidate value is accepted;
+//! The comparison is `check`'s (`interp::reference_error`): where the source's value is not
+//! finite (it overflowed, or a softmax row was fully masked) any candidate value is accepted;
 //! a `NaN` or infinity where the source is finite is a failure.
 
 use crate::diag::{Diagnostic, Severity};
-use crate::interp::{random_inputs, Interpreter, Sizes, Tensor, Value};
+use crate::interp::{random_inputs, reference_error, Interpreter, Sizes, Value};
 use crate::ir::{Function, Module, Type};
 use rayon::prelude::*;
 use std::time::Instant;
@@ -114,33 +115,6 @@ fn at_sizes(f: &Function, sizes: &[(String, u64)]) -> Sizes {
     Sizes::for_function(&f, 4)
 }
 
-/// Relative L2 error of `got` against `want` over the elements where `want` is not `NaN`;
-/// infinite where `got` is non-finite and `want` is not the same value.
-fn net_error(got: &Tensor, want: &Tensor) -> f64 {
-    if got.shape != want.shape {
-        return f64::INFINITY;
-    }
-    let (mut diff, mut norm) = (0.0f64, 0.0f64);
-    for (&g, &w) in got.data.iter().zip(&want.data) {
-        if w.is_nan() {
-            continue;
-        }
-        if !g.is_finite() || !w.is_finite() {
-            if g == w {
-                continue;
-            }
-            return f64::INFINITY;
-        }
-        diff += (g as f64 - w as f64).powi(2);
-        norm += (w as f64).powi(2);
-    }
-    if norm == 0.0 {
-        diff.sqrt()
-    } else {
-        (diff / norm).sqrt()
-    }
-}
-
 /// The largest error over the results of one run, or why the candidate did not run.
 fn compare(got: &[Value], want: &[Value]) -> Result<f64, String> {
     if got.len() != want.len() {
@@ -157,7 +131,7 @@ fn compare(got: &[Value], want: &[Value]) -> Result<f64, String> {
             return Err("its results are shaped unlike the source's".into());
         }
         for ((_, a), (_, b)) in gl.iter().zip(&wl) {
-            worst = worst.max(net_error(a, b));
+            worst = worst.max(reference_error(a, b));
         }
     }
     Ok(worst)

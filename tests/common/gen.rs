@@ -1254,15 +1254,25 @@ impl<'a> Generator<'a> {
             Some(j) if !self.rng.chance(1, 4) => self.operand(j, 0),
             _ => self.rng.pick(TL_LITERALS).to_string(),
         };
-        let (x, y) = if self.rng.chance(1, 4) {
+        let (x, mut y) = if self.rng.chance(1, 4) {
             (y, x)
         } else {
             (x, y)
         };
-        let expr = if self.rng.chance(1, 2) {
-            format!("{x} {} {y}", self.rng.pick(INFIX))
+        let (infix, op) = if self.rng.chance(1, 2) {
+            (true, *self.rng.pick(INFIX))
         } else {
-            format!("{}({x}, {y})", self.rng.pick(TL_BINARY_CALLS))
+            (false, *self.rng.pick(TL_BINARY_CALLS))
+        };
+        // No division by a literal zero: `(a·b)/0` and `a·(b/0)` differ where `a` holds a
+        // zero (NaN against infinity), which says nothing about the rules.
+        if (op == "/" || op == "divide") && y == "0.0" {
+            y = "2.0".to_string();
+        }
+        let expr = if infix {
+            format!("{x} {op} {y}")
+        } else {
+            format!("{op}({x}, {y})")
         };
         self.try_stmt(name, &expr);
     }

@@ -114,7 +114,11 @@ fn factor_out_lhs(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
             let (Some(ta), Some(tx2)) = (tensor_type(eg, a), tensor_type(eg, x)) else {
                 continue;
             };
-            if tx2.rank() != rank || !invariant_at(ta, rank, rank - 1) {
+            // A rank-0 or rank-1 product has no row dimension to factor along.
+            let Some(row) = rank.checked_sub(1) else {
+                return;
+            };
+            if tx2.rank() != rank || !invariant_at(ta, rank, row) {
                 continue;
             }
             let prod = node(Op::MatMul(acc), vec![cls(x), cls(n.children[1])]);
@@ -139,7 +143,10 @@ fn factor_out_rhs(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
             let (Some(ta), Some(tw2)) = (tensor_type(eg, a), tensor_type(eg, w)) else {
                 continue;
             };
-            if tw2.rank() != rank || !invariant_at(ta, rank, rank - 2) {
+            let Some(col) = rank.checked_sub(2) else {
+                return;
+            };
+            if tw2.rank() != rank || !invariant_at(ta, rank, col) {
                 continue;
             }
             let prod = node(Op::MatMul(acc), vec![cls(n.children[0]), cls(w)]);
@@ -158,7 +165,11 @@ fn factor_into_lhs(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
     let (m, a) = (n.children[0], n.children[1]);
     let Some(ta) = tensor_type(eg, a) else { return };
     let rank = tout.rank();
-    if !invariant_at(ta, rank, rank - 1) || !ta.par.is_empty() {
+    // A rank-0 product (of two rank-1 operands, or of scalars) has no row to scale.
+    let Some(row) = rank.checked_sub(1) else {
+        return;
+    };
+    if !invariant_at(ta, rank, row) || !ta.par.is_empty() {
         return;
     }
     for mm in nodes(eg, m) {
