@@ -33,7 +33,8 @@
 //!   `EFOPT_PROPERTY_SECS`); program `i` of seed `S` is the same on every run;
 //! - `EFOPT_PROPERTY_OUT=DIR`: write every failing program to `DIR/fail-S-I.ef` and every
 //!   program without a candidate to `DIR/nocand-S-I.ef`, each headed by comments saying why;
-//! - `EFOPT_PROPERTY_SHOW=N`: print the first N programs.
+//! - `EFOPT_PROPERTY_SHOW=N`: print the first N programs;
+//! - `EFOPT_PROPERTY_THREADS=N`: programs run on N threads (default 2).
 //!
 //! `EFOPT_WRONG_CANDIDATES` is removed from efopt's environment, so that the net's finding
 //! stays a warning and `check` still compares the remaining candidates.
@@ -525,7 +526,8 @@ fn candidates_compute_what_the_program_computes() {
     let next = Mutex::new(0u64);
     let totals = Mutex::new(Totals::default());
     std::thread::scope(|scope| {
-        for _ in 0..THREADS {
+        let threads = env_u64("EFOPT_PROPERTY_THREADS").map_or(THREADS, |n| n.max(1) as usize);
+        for _ in 0..threads {
             scope.spawn(|| loop {
                 let index = {
                     let mut n = next.lock().unwrap();

@@ -353,6 +353,23 @@ impl TypedEGraph {
                 }
             }
         }
+        // An input no result reads is still a parameter of every candidate (the candidates
+        // take the source's inputs): its class follows, by input position.
+        let mut unread: Vec<(u32, Id)> = eg
+            .classes()
+            .filter(|c| !number.contains_key(&c.id))
+            .filter_map(|c| {
+                c.nodes.iter().find_map(|n| match n.op {
+                    Op::Input(pos, _) => Some((pos, c.id)),
+                    _ => None,
+                })
+            })
+            .collect();
+        unread.sort();
+        for (_, id) in unread {
+            number.insert(id, order.len() as u32);
+            order.push(id);
+        }
         // A class's e-nodes print in the order of their operators and numbered children, not
         // of the e-graph's internal ids, which depend on the order the e-nodes were added in.
         let renumbered = |id: Id| {
