@@ -162,7 +162,7 @@ fn constant_results_run_and_compile() {
         &[],
         "saturate,extract,triton-check{compile=sm_90 blocks=16,32}",
     );
-    assert_eq!(count(&summary, " checked"), 2, "{summary}");
+    assert_eq!(count(&summary, " checked"), 3, "{summary}");
     assert!(count(&summary, " kernel compilation") >= 4, "{summary}");
 }
 

@@ -1841,11 +1841,15 @@ impl KernelEmitter<'_, '_> {
             Ok((e.to_string(), d.to_vec()))
         };
         Ok(match kind {
-            ExprKind::Constant(v) => Val::Tile {
-                expr: float_lit(*v),
-                dims: vec![],
-            },
-            ExprKind::Fill(v) => {
+            // A scalar where it is one (a literal, a rank-0 constant), broadcast by its readers;
+            // a block of its shape otherwise, which a reduction can reduce.
+            ExprKind::Constant(v) if !matches!(ty, Some(Type::Tensor(t)) if !t.shape.is_empty()) => {
+                Val::Tile {
+                    expr: float_lit(*v),
+                    dims: vec![],
+                }
+            }
+            ExprKind::Constant(v) | ExprKind::Fill(v) => {
                 let Some(Type::Tensor(t)) = ty else {
                     return Err("fill without a type".into());
                 };

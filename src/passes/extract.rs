@@ -227,6 +227,21 @@ impl Pass for ExtractPass {
             // empty module, which is no program.
             if total == 0 {
                 cx.report.push(summary_line(0));
+                // The counters the help points to: where the complete programs went.
+                per_graph.push(serde_json::json!({
+                    "egraph": g.name,
+                    "expanded_states": report.expanded,
+                    "complete_candidates": report.complete,
+                    "rejected_no_launch_order": report.rejected,
+                    "pruned_over_max_kernels": report.over_kernels,
+                    "pruned_pointwise_kernels": report.pointwise_kernels,
+                    "pruned_dead_components": report.dead_components,
+                    "pruned_computing_twice": report.recomputed,
+                    "pruned_no_launch_order": report.no_launch_order,
+                    "rejected_not_lowerable": report.not_lowerable,
+                    "output": 0,
+                    "stop_reason": report.stop.to_string(),
+                }));
                 let help = match report.stop {
                     crate::egraph::extract::ExtractStop::Exhausted => "every complete program was refused (no launch order, not lowerable, over max-kernels, with a pointwise kernel under pointwise-kernels=drop, or a fused result nobody reads; counters in --stats=json)".to_string(),
                     _ => "raise the limit that stopped the search".to_string(),

@@ -23,7 +23,7 @@ use rayon::prelude::*;
 use std::time::Instant;
 
 /// Most elements any value of the source may hold at the net's sizes.
-pub const NET_ELEMENTS: u64 = 1 << 14;
+pub const NET_ELEMENTS: u64 = 1 << 12;
 
 /// Largest relative L2 error the net accepts (as `check`'s default `tol`).
 pub const NET_TOLERANCE: f64 = 0.01;
@@ -137,6 +137,9 @@ fn compare(got: &[Value], want: &[Value]) -> Result<f64, String> {
     Ok(worst)
 }
 
+/// The source's inputs and results at one input scale.
+type SourceRun = (Vec<Value>, Vec<Value>);
+
 /// Runs every candidate of `candidates` (functions of `module`, which holds their reducers)
 /// against `source` at small sizes.
 pub fn check_candidates(
@@ -155,7 +158,7 @@ pub fn check_candidates(
     let mut runs = Vec::new();
     for attempt in [report.sizes.clone(), Vec::new()] {
         let sizes = at_sizes(source, &attempt);
-        let made: Result<Vec<(Vec<Value>, Vec<Value>)>, String> = NET_SCALES
+        let made: Result<Vec<SourceRun>, String> = NET_SCALES
             .iter()
             .map(|&scale| {
                 let inputs =
