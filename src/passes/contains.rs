@@ -136,6 +136,19 @@ impl<'a> Matcher<'a> {
         }
     }
 
+    /// Whether the e-graph's roots represent the program's results: the axis renaming
+    /// under which they do.
+    fn roots(&mut self, prog: &[ENode]) -> Option<Vec<(String, String)>> {
+        let found = self.body.results.len() == self.g.roots.len()
+            && self
+                .body
+                .results
+                .iter()
+                .zip(&self.g.roots)
+                .all(|(r, root)| self.represents(*root, *r, prog));
+        found.then(|| self.axes.clone())
+    }
+
     fn represents(&mut self, class: Id, node: NodeId, prog: &[ENode]) -> bool {
         let class = self.g.egraph.find(class);
         let key = (class, node, self.axes.clone());
@@ -245,6 +258,19 @@ fn canonical_reducer(r: &ReducerDef) -> String {
     print_reducer(&def, PrintOptions::default())
 }
 
+/// Whether the root classes of `g` (whose reducers are `graph_reducers`) represent function
+/// `f` (of a module with reducers `prog_reducers`), as `expect-contains` decides it: the
+/// renaming of parallel axes (program axis, e-graph axis) under which they do.
+pub fn represents(
+    g: &TypedEGraph,
+    graph_reducers: &[ReducerDef],
+    f: &Function,
+    prog_reducers: &[ReducerDef],
+) -> Result<Option<Vec<(String, String)>>, String> {
+    let enodes = program_enodes(f, prog_reducers)?;
+    Ok(Matcher::new(g, &f.body, prog_reducers, graph_reducers).roots(&enodes))
+}
+
 /// The program's nodes as e-nodes (children unused; program operands drive the walk).
 fn program_enodes(f: &Function, reducers: &[ReducerDef]) -> Result<Vec<ENode>, String> {
     let body = &f.body;
@@ -317,15 +343,8 @@ impl Pass for ContainsPass {
             let enodes = program_enodes(f, &prog.reducers)
                 .map_err(|e| vec![Diagnostic::error(f.name_span, e)])?;
             let mut m = Matcher::new(&g, &f.body, &prog.reducers, &module.reducers);
-            let found = f.body.results.len() == g.roots.len()
-                && f.body
-                    .results
-                    .iter()
-                    .zip(&g.roots)
-                    .all(|(r, root)| m.represents(*root, *r, &enodes));
-            if found {
-                let renames: Vec<String> = m
-                    .axes
+            if let Some(axes) = m.roots(&enodes) {
+                let renames: Vec<String> = axes
                     .iter()
                     .filter(|(p, g)| p != g)
                     .map(|(p, g)| format!("{p}→{g}"))

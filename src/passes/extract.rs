@@ -400,14 +400,26 @@ impl ExtractPass {
             ));
         }
         let wrong: Vec<usize> = report.wrong.iter().map(|(i, _)| *i).collect();
-        // One diagnostic each for the first few; the rest in one line.
-        for (i, why) in report.wrong.iter().take(WRONG_SHOWN) {
-            cx.diagnostics.push(super::net::wrong_candidate(
-                &module,
-                &g.name,
-                &output.functions[*i],
-                why,
-            ));
+        // One diagnostic each for the first few; the rest in one line. The first says which
+        // rules it needs (each saturation again without one rule: seconds, once).
+        for (n, (i, why)) in report.wrong.iter().take(WRONG_SHOWN).enumerate() {
+            let f = &output.functions[*i];
+            let mut d = super::net::wrong_candidate(&module, &g.name, f, why);
+            if n == 0 {
+                let diagnosis = super::net::diagnose(
+                    source,
+                    &cx.original.reducers,
+                    f,
+                    &module.reducers,
+                    &crate::egraph::rules::all_rules(),
+                    DIAGNOSIS_BUDGET,
+                );
+                d.notes.push(crate::diag::Note {
+                    span: None,
+                    message: super::net::diagnosis_note(&diagnosis),
+                });
+            }
+            cx.diagnostics.push(d);
         }
         if report.wrong.len() > WRONG_SHOWN {
             let rest: Vec<&str> = report.wrong[WRONG_SHOWN..]
@@ -456,6 +468,9 @@ impl ExtractPass {
         }
     }
 }
+
+/// How long the first wrong candidate's diagnosis may saturate its source again.
+const DIAGNOSIS_BUDGET: Duration = Duration::from_secs(30);
 
 /// Wrong candidates reported one diagnostic each; more are named in one line.
 const WRONG_SHOWN: usize = 8;

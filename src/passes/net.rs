@@ -17,10 +17,13 @@
 //! a `NaN` or infinity where the source is finite is a failure.
 
 use crate::diag::{Diagnostic, Severity};
+use crate::egraph::rules::Rule;
+use crate::egraph::runner::Runner;
+use crate::egraph::TypedEGraph;
 use crate::interp::{random_inputs, reference_error, Interpreter, Sizes, Value};
-use crate::ir::{Function, Module, Type};
+use crate::ir::{Function, Module, ReducerDef, Type};
 use rayon::prelude::*;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Most elements any value of the source may hold at the net's sizes.
 pub const NET_ELEMENTS: u64 = 1 << 12;
@@ -283,4 +286,177 @@ pub fn wrong_candidate(module: &Module, graph: &str, f: &Function, why: &str) ->
             .into(),
     );
     d
+}
+
+/// Which equality rules a wrong candidate needs, found by saturating its source again
+/// without each rule in turn: a rule without which efopt no longer derives the candidate is
+/// one it used, and the unsound one is among those (unless the candidate came from an
+/// e-graph efopt's rules do not make from this source, an edited or older dump).
+#[derive(Debug, PartialEq)]
+pub enum Diagnosis {
+    /// The rules (in table order) without any one of which the candidate is not derived.
+    Needs(Vec<&'static str>),
+    /// Saturating the source with every rule does not derive the candidate.
+    NotDerived,
+    /// The time budget ran out (or a saturation failed) before every rule was tried.
+    Unknown(String),
+}
+
+/// Saturates `source` with `rules` less `left_out` (at most `limit` seconds) and asks whether
+/// the result holds `candidate`.
+fn derives(
+    source: &Function,
+    reducers: &[ReducerDef],
+    candidate: &Function,
+    candidate_reducers: &[ReducerDef],
+    rules: &[&'static Rule],
+    left_out: Option<&'static str>,
+    limit: Duration,
+) -> Result<bool, String> {
+    let mut g = TypedEGraph::from_function(source, reducers)?;
+    let kept: Vec<&'static Rule> = rules
+        .iter()
+        .copied()
+        .filter(|r| Some(r.name) != left_out)
+        .collect();
+    let report = Runner::default().with_time_limit(limit).run(&mut g, &kept);
+    if matches!(report.stop, crate::egraph::runner::StopReason::TimeLimit(_)) {
+        return Err("saturation reached its time limit".into());
+    }
+    let graph_reducers = g.egraph.analysis.env.reducers().to_vec();
+    Ok(
+        crate::passes::contains::represents(&g, &graph_reducers, candidate, candidate_reducers)?
+            .is_some(),
+    )
+}
+
+/// The rules wrong candidate `candidate` (of a module with reducers `candidate_reducers`)
+/// needs, from `rules` (efopt's: `egraph::rules::all_rules()`), within `budget`.
+pub fn diagnose(
+    source: &Function,
+    reducers: &[ReducerDef],
+    candidate: &Function,
+    candidate_reducers: &[ReducerDef],
+    rules: &[&'static Rule],
+    budget: Duration,
+) -> Diagnosis {
+    let start = Instant::now();
+    let left = |start: Instant| budget.saturating_sub(start.elapsed());
+    let run = |left_out, limit| {
+        derives(
+            source,
+            reducers,
+            candidate,
+            candidate_reducers,
+            rules,
+            left_out,
+            limit,
+        )
+    };
+    match run(None, left(start)) {
+        Ok(true) => {}
+        Ok(false) => return Diagnosis::NotDerived,
+        Err(why) => return Diagnosis::Unknown(why),
+    }
+    let mut needed = Vec::new();
+    for r in rules {
+        if start.elapsed() >= budget {
+            return Diagnosis::Unknown(format!(
+                "the {:.0} s budget ran out at rule `{}`",
+                budget.as_secs_f64(),
+                r.name
+            ));
+        }
+        match run(Some(r.name), left(start)) {
+            Ok(true) => {}
+            Ok(false) => needed.push(r.name),
+            Err(why) => return Diagnosis::Unknown(why),
+        }
+    }
+    Diagnosis::Needs(needed)
+}
+
+/// The note a diagnosis adds to its wrong candidate's warning.
+pub fn diagnosis_note(d: &Diagnosis) -> String {
+    match d {
+        Diagnosis::Needs(rules) if rules.is_empty() => "efopt derives it from the source with any one rule left out (several rules derive it, one of them unsound)".into(),
+        Diagnosis::Needs(rules) => format!(
+            "efopt derives it from the source with the rules {}, and without any one of them it does not: one of them is unsound here",
+            rules.iter().map(|r| format!("`{r}`")).collect::<Vec<_>>().join(", ")
+        ),
+        Diagnosis::NotDerived => "efopt's rules do not derive it from the source: its e-graph was edited, or saved by another efopt".into(),
+        Diagnosis::Unknown(why) => format!("which rules it needs is unknown: {why}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::egraph::rules::{all_rules, cls, Family, Out, Reach, Root};
+    use crate::egraph::{ENode, Op};
+    use crate::ir::UnaryOp;
+
+    /// An unsound rule, `exp(x) = x`, for the diagnosis to find.
+    fn exp_is_identity(_: &crate::egraph::graph::EGraph, _: egg::Id, n: &ENode, out: &mut Out) {
+        if n.op == Op::Unary(UnaryOp::Exp) {
+            out.push(cls(n.children[0]));
+        }
+    }
+
+    static UNSOUND: Rule = Rule {
+        name: "exp-is-identity",
+        family: Family::Algebraic,
+        equation: "exp(x) = x  (unsound)",
+        root: Root::Pointwise,
+        find: exp_is_identity,
+        reach: Reach::Own,
+    };
+
+    fn function(text: &str) -> Module {
+        let mut m = crate::parse::parse_module(text, 0).expect("parses");
+        crate::passes::verify::verify_module(&mut m).expect("verifies");
+        m
+    }
+
+    #[test]
+    fn the_diagnosis_names_the_unsound_rule_a_wrong_candidate_needs() {
+        let source = function(
+            "func f where M = 8, K = 16 {\n  x: tensor<MxK, f32> = input\n  return reduce (exp(x)) axis=K reducer=@add\n}\n",
+        );
+        let wrong = function(
+            "func f where M = 8, K = 16 {\n  x: tensor<MxK, f32> = input\n  return reduce x axis=K reducer=@add\n}\n",
+        );
+        let mut rules = vec![&UNSOUND];
+        rules.extend(all_rules());
+        let budget = Duration::from_secs(60);
+        let (f, c) = (&source.funcs[0], &wrong.funcs[0]);
+        assert_eq!(
+            diagnose(f, &[], c, &[], &rules, budget),
+            Diagnosis::Needs(vec!["exp-is-identity"])
+        );
+        // efopt's own rules do not derive it.
+        assert_eq!(
+            diagnose(f, &[], c, &[], &all_rules(), budget),
+            Diagnosis::NotDerived
+        );
+        // And a wrong candidate the net finds is one: it differs from its source.
+        let module = Module::default();
+        let report = check_candidates(&module, f, std::slice::from_ref(c), 1);
+        assert_eq!(report.wrong.len(), 1, "{report:?}");
+    }
+
+    #[test]
+    fn small_sizes_halve_the_largest_first_down_to_the_budget() {
+        let m = function(
+            "func f where B = 16, K = 4096, D = 128 {\n  x: tensor<BxKxD, f32> = input\n  return reduce x axis=K reducer=@add\n}\n",
+        );
+        let sizes = small_sizes(&m.funcs[0]);
+        let product: u64 = sizes.iter().map(|(_, v)| v).product();
+        assert!(product <= NET_ELEMENTS, "{sizes:?}");
+        assert!(sizes.iter().all(|(_, v)| *v >= 2), "{sizes:?}");
+        assert_eq!(
+            sizes.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
+            ["B", "D", "K"]
+        );
+    }
 }
