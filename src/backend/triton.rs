@@ -650,6 +650,9 @@ struct KernelEmitter<'c, 'a> {
     whole: BTreeSet<String>,
     /// Operand dtypes of the matrix product being emitted (unknown in reducer bodies: f32).
     dot_dtypes: Option<(DType, DType)>,
+    /// Values being computed: a value asked for again while it is (a fold whose operands
+    /// outside its loop read the fold) is refused instead of recursing without end.
+    computing: BTreeSet<NodeId>,
     /// Axes whose tile offsets (`o_<axis>`) a block of this kernel used: each must be one
     /// the kernel defines (a grid or loop axis), else the code reads an undefined name.
     tile_axes_used: std::cell::RefCell<BTreeSet<String>>,
@@ -676,6 +679,7 @@ fn emit_kernel(
         collection_folds: HashMap::new(),
         whole: whole_axes(ctx.f, k)?,
         dot_dtypes: None,
+        computing: BTreeSet::new(),
         tile_axes_used: Default::default(),
     };
     for b in &ctx.f.bindings {
@@ -982,7 +986,15 @@ impl KernelEmitter<'_, '_> {
         if let Some(v) = self.memo_at(level).get(&id) {
             return Ok(v.clone());
         }
-        let v = self.compute(id)?;
+        if !self.computing.insert(id) {
+            return Err((
+                id,
+                "a value its own computation reads (a fold whose operands outside its loop read the fold)".into(),
+            ));
+        }
+        let v = self.compute(id);
+        self.computing.remove(&id);
+        let v = v?;
         // Computing may open and close loops, never the ones this value lives in.
         let level = self.level_of(id);
         let v = match v {

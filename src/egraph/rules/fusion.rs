@@ -366,6 +366,39 @@ impl Extract<'_> {
     }
 }
 
+/// Whether every `exp` in `g` that reads the producer's state reads it against items the
+/// state bounds: `exp(y − s)` with `y` the very tile the producer's item `x` is the `@max`
+/// of (`x = reduce y @max`), or `x` itself. The repairs are exact in real arithmetic for any
+/// `y`, but the fold evaluates `exp(y − s)` against the maximum *so far*: a `y` it does not
+/// bound (a whole row replicated over the tiles, whose later tiles exceed the running maximum)
+/// overflows to `inf`, and the next rescale makes `inf · 0 = NaN` where the source, shifting
+/// by the final maximum, is finite.
+fn exponents_bounded(eg: &EGraph, g: &G, x: Id, producer: BuiltinReducer) -> bool {
+    let x = eg.find(x);
+    let bounded = |c: Id| {
+        let c = eg.find(c);
+        c == x
+            || eg[x].nodes.iter().any(|n| {
+                matches!(
+                    &n.op,
+                    Op::ReduceAxis { reducer: ReducerRef::Builtin(r), .. } if *r == producer
+                ) && eg.find(n.children[0]) == c
+            })
+    };
+    fn walk(g: &G, ok: &dyn Fn(Id) -> bool) -> bool {
+        match g {
+            G::Node(Op::Unary(UnaryOp::Exp), kids) if kids.iter().any(G::uses_producer) => {
+                let mut items = Vec::new();
+                kids.iter().for_each(|k| k.items(&mut items));
+                items.iter().all(|i| ok(*i)) && kids.iter().all(|k| walk(k, ok))
+            }
+            G::Node(_, kids) => kids.iter().all(|k| walk(k, ok)),
+            _ => true,
+        }
+    }
+    walk(g, &bounded)
+}
+
 /// Appends `g` to a body: items and the producer bind to the given nodes.
 fn emit(body: &mut Body, g: &G, producer: NodeId, items: &HashMap<Id, NodeId>) -> Option<NodeId> {
     Some(match g {
@@ -526,6 +559,9 @@ fn repair_fusion(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
             let Some(g) = ex.class(input, 0) else {
                 continue;
             };
+            if !exponents_bounded(eg, &g, x, rp) {
+                continue;
+            }
             let mut items = Vec::new();
             g.items(&mut items);
             let Some(cty) = tensor_type(eg, c) else {

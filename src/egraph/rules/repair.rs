@@ -35,7 +35,7 @@
 //! as inputs, the guarded repair as written into the fold) and evaluated in the reference
 //! interpreter on many samples: both orders of `s` and `s'`, equal states, small and large
 //! gaps between them, a large common offset, empty states (`-inf`) alone or mixed with finite
-//! ones, and masked (`-inf`) items. A repair is accepted only when every sample agrees — no
+//! ones, items far below the states (where `exp` underflows), and masked (`-inf`) items. A repair is accepted only when every sample agrees — no
 //! `NaN` on either side, infinities equal, finite values within [`TOLERANCE`]. The samples
 //! cover the scalar algebra however small the program's shapes are: with one query row the
 //! producer's state is a single number, and two random draws of it (the earlier check) often
@@ -185,7 +185,7 @@ pub struct RepairProblem<'a> {
 /// Largest relative L2 distance between the two sides of an identity on one sample.
 pub const TOLERANCE: f64 = 1e-3;
 
-/// Samples per regime; [`REGIMES`] has 13, so an accepted repair passed 26 × 13 = 338
+/// Samples per regime; [`REGIMES`] has 14, so an accepted repair passed 26 × 14 = 364
 /// samples of each identity.
 pub const SAMPLES_PER_REGIME: u64 = 26;
 
@@ -216,13 +216,19 @@ pub enum Regime {
     NewEmpty,
     /// Each element of `s` and `s'` empty with probability ½.
     SomeEmpty,
+    /// Items 200 below the states: what a tile far below the running maximum looks like at
+    /// large input scale. `exp(y − s)` underflows to 0 there, and a contribution that divides
+    /// by a sum of such terms (a softmax within the tile, which needs no repair in exact
+    /// arithmetic) is `0/0`: the fused fold would be NaN where its source, normalised by its
+    /// own maximum, is not.
+    ItemsFarBelow,
     /// One item (in turn) masked (`-inf`) with probability ½, states finite or empty. A
     /// masked item can take the contribution itself out of its domain (a masked value
     /// tensor makes `g` NaN whatever the state): such a sample is skipped.
     MaskedItems,
 }
 
-pub const REGIMES: [Regime; 13] = [
+pub const REGIMES: [Regime; 14] = [
     Regime::Mixed,
     Regime::Rising,
     Regime::Falling,
@@ -235,6 +241,7 @@ pub const REGIMES: [Regime; 13] = [
     Regime::BothEmpty,
     Regime::NewEmpty,
     Regime::SomeEmpty,
+    Regime::ItemsFarBelow,
     Regime::MaskedItems,
 ];
 
@@ -432,9 +439,10 @@ fn sample_inputs(
         let (a, b) = match regime {
             Regime::Rising => (s, s + normal(rng).abs() + 0.05),
             Regime::Falling => (s + normal(rng).abs() + 0.05, s),
-            Regime::Mixed | Regime::LargePositive | Regime::LargeNegative => {
-                (s, normal(rng) + offset)
-            }
+            Regime::Mixed
+            | Regime::LargePositive
+            | Regime::LargeNegative
+            | Regime::ItemsFarBelow => (s, normal(rng) + offset),
             Regime::Equal => (s, s),
             Regime::Close => (s, s + 1e-3 * normal(rng)),
             Regime::FarApart => (6.0 * s, 6.0 * normal(rng)),
@@ -460,6 +468,11 @@ fn sample_inputs(
                 Role::Item(i) => {
                     let count: usize = shape.iter().product();
                     let masked = regime == Regime::MaskedItems && *i == masked_item;
+                    let offset = if regime == Regime::ItemsFarBelow {
+                        -200.0
+                    } else {
+                        offset
+                    };
                     (0..count)
                         .map(|_| {
                             if masked && rng.below(2) == 0 {
@@ -756,7 +769,7 @@ mod tests {
     /// Hundreds of samples, in every regime.
     #[test]
     fn an_accepted_repair_passed_hundreds_of_samples() {
-        assert_eq!(REGIMES.len(), 13);
+        assert_eq!(REGIMES.len(), 14);
         assert!(SAMPLES_PER_REGIME * REGIMES.len() as u64 >= 300);
     }
 }
