@@ -162,7 +162,6 @@ pub fn check_candidates(
     // The source's runs, one per input scale; a source that does not run at the small sizes
     // (sizes tied together in a way halving breaks) runs at its own.
     let mut runs = Vec::new();
-    let unit_results = std::cell::RefCell::new(Vec::new());
     for attempt in [report.sizes.clone(), Vec::new()] {
         let sizes = at_sizes(source, &attempt);
         let run_at = |scale: f32| -> Result<SourceRun, String> {
@@ -172,25 +171,25 @@ pub fn check_candidates(
                 .map_err(|e| e.to_string())?;
             Ok((inputs, want))
         };
-        let made: Result<Vec<SourceRun>, String> = NET_SCALES
-            .iter()
-            .enumerate()
-            .map(|(k, &scale)| {
+        // As `check`: a source that overflows at a larger scale, or at twice it, is no
+        // reference there (an empty run: nothing is compared).
+        let made = || -> Result<Vec<SourceRun>, String> {
+            let unit = run_at(NET_SCALES[0])?;
+            let unit_non_finite = non_finite(&unit.1);
+            let mut made = vec![unit];
+            for &scale in &NET_SCALES[1..] {
                 let run = run_at(scale)?;
-                // As `check`: a source that overflows at a larger scale, or at twice it, is no
-                // reference there (empty: nothing is compared).
-                if k > 0 {
-                    let doubled = run_at(2.0 * scale)?;
-                    let unit = non_finite(&unit_results.borrow());
-                    if overflows(&[non_finite(&run.1), non_finite(&doubled.1)], unit) {
-                        return Ok((Vec::new(), Vec::new()));
-                    }
+                let doubled = run_at(2.0 * scale)?;
+                let counts = [non_finite(&run.1), non_finite(&doubled.1)];
+                made.push(if overflows(&counts, unit_non_finite) {
+                    (Vec::new(), Vec::new())
                 } else {
-                    *unit_results.borrow_mut() = run.1.clone();
-                }
-                Ok(run)
-            })
-            .collect();
+                    run
+                });
+            }
+            Ok(made)
+        };
+        let made = made();
         match made {
             Ok(r) => {
                 runs = r;
