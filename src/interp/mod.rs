@@ -1052,45 +1052,17 @@ fn union_of(axes: &[(String, usize)]) -> Vec<(String, usize)> {
     m.into_iter().collect()
 }
 
-/// Relative L2 error of `got` against a *reference* `want`, over the elements where the
-/// reference is finite (absolute when it is zero there); infinite where `got` is not finite
-/// at such an element. Where the reference is not finite — it overflowed, or is `NaN` (a
-/// softmax over a fully masked row) — nothing is required of `got`: rewrites are sound in
-/// real arithmetic, which IEEE overflow is not (a product of `exp`s reassociated overflows
-/// to `inf · 0 = NaN` where the source gave `inf`). What `check` and extract's net compare.
-pub fn reference_error(got: &Tensor, want: &Tensor) -> f64 {
+/// Relative L2 distance ‖got − want‖ / ‖want‖ over the element pairs (absolute when `want`
+/// is zero there). A pair with a non-finite value is left out when `leave_out(got, want)`
+/// says so, and otherwise makes the distance infinite; so do different shapes.
+pub fn l2_distance(got: &Tensor, want: &Tensor, leave_out: impl Fn(f32, f32) -> bool) -> f64 {
     if got.shape != want.shape {
         return f64::INFINITY;
     }
     let (mut diff, mut norm) = (0.0f64, 0.0f64);
     for (&g, &w) in got.data.iter().zip(&want.data) {
-        if !w.is_finite() {
-            continue;
-        }
-        if !g.is_finite() {
-            return f64::INFINITY;
-        }
-        diff += (g as f64 - w as f64).powi(2);
-        norm += (w as f64).powi(2);
-    }
-    if norm == 0.0 {
-        diff.sqrt()
-    } else {
-        (diff / norm).sqrt()
-    }
-}
-
-/// Relative L2 error ‖got − want‖ / ‖want‖ (absolute when `want` is zero). Mismatched
-/// non-finite values count as infinite error.
-pub fn relative_l2(got: &Tensor, want: &Tensor) -> f64 {
-    if got.shape != want.shape {
-        return f64::INFINITY;
-    }
-    let mut diff = 0.0f64;
-    let mut norm = 0.0f64;
-    for (&g, &w) in got.data.iter().zip(&want.data) {
         if !g.is_finite() || !w.is_finite() {
-            if g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()) {
+            if leave_out(g, w) {
                 continue;
             }
             return f64::INFINITY;
@@ -1103,4 +1075,22 @@ pub fn relative_l2(got: &Tensor, want: &Tensor) -> f64 {
     } else {
         (diff / norm).sqrt()
     }
+}
+
+/// Relative L2 error of `got` against a *reference* `want`, over the elements where the
+/// reference is finite; infinite where `got` is not finite at such an element. Where the
+/// reference is not finite — it overflowed, or is `NaN` (a softmax over a fully masked row) —
+/// nothing is required of `got`: rewrites are sound in real arithmetic, which IEEE overflow
+/// is not (a product of `exp`s reassociated overflows to `inf · 0 = NaN` where the source gave
+/// `inf`). What `check` and extract's net compare.
+pub fn reference_error(got: &Tensor, want: &Tensor) -> f64 {
+    l2_distance(got, want, |_, w| !w.is_finite())
+}
+
+/// Relative L2 error ‖got − want‖ / ‖want‖ (absolute when `want` is zero). Mismatched
+/// non-finite values count as infinite error.
+pub fn relative_l2(got: &Tensor, want: &Tensor) -> f64 {
+    l2_distance(got, want, |g, w| {
+        g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan())
+    })
 }

@@ -228,20 +228,10 @@ impl Pass for ExtractPass {
             if total == 0 {
                 cx.report.push(summary_line(0));
                 // The counters the help points to: where the complete programs went.
-                per_graph.push(serde_json::json!({
-                    "egraph": g.name,
-                    "expanded_states": report.expanded,
-                    "complete_candidates": report.complete,
-                    "rejected_no_launch_order": report.rejected,
-                    "pruned_over_max_kernels": report.over_kernels,
-                    "pruned_pointwise_kernels": report.pointwise_kernels,
-                    "pruned_dead_components": report.dead_components,
-                    "pruned_computing_twice": report.recomputed,
-                    "pruned_no_launch_order": report.no_launch_order,
-                    "rejected_not_lowerable": report.not_lowerable,
-                    "output": 0,
-                    "stop_reason": report.stop.to_string(),
-                }));
+                let mut row = search_counters(&report);
+                row.insert("egraph".into(), g.name.clone().into());
+                row.insert("output".into(), 0.into());
+                per_graph.push(serde_json::Value::Object(row));
                 let help = match report.stop {
                     crate::egraph::extract::ExtractStop::Exhausted => "every complete program was refused (no launch order, not lowerable, over max-kernels, with a pointwise kernel under pointwise-kernels=drop, or a fused result nobody reads; counters in --stats=json)".to_string(),
                     _ => "raise the limit that stopped the search".to_string(),
@@ -314,21 +304,7 @@ impl Pass for ExtractPass {
             let mut row = serde_json::json!({
                 "egraph": g.name,
                 "compaction": format!("{:?}", self.compaction).to_lowercase(),
-                "expanded_states": report.expanded,
-                "walked_states": report.walked,
-                "complete_candidates": report.complete,
-                "rejected_no_launch_order": report.rejected,
-                "pruned_over_max_kernels": report.over_kernels,
-                "pruned_pointwise_kernels": report.pointwise_kernels,
-                "pruned_dead_components": report.dead_components,
-                "pruned_computing_twice": report.recomputed,
-                "forced_picks": report.forced,
-                "pruned_equivalent": report.equivalent,
-                "pruned_no_launch_order": report.no_launch_order,
-                "rejected_not_lowerable": report.not_lowerable,
-                "distinct_candidates": report.distinct,
                 "output": output_count,
-                "stop_reason": report.stop.to_string(),
                 // Why fewer candidates than were found are output (null: all are).
                 "output_stop": output_stop,
                 // The limits in force, defaults included (null: none).
@@ -343,6 +319,7 @@ impl Pass for ExtractPass {
             // Moved in: `json!` would serialise a copy of the list (one row per output
             // candidate), allocated after the output stopped at the memory limit.
             if let Some(fields) = row.as_object_mut() {
+                fields.extend(search_counters(&report));
                 if let Some(net) = net {
                     fields.insert("candidate_check".into(), net.stats);
                 }
@@ -466,6 +443,32 @@ impl ExtractPass {
                 "skipped": report.skipped,
             }),
         }
+    }
+}
+
+/// The search's counters for `--stats=json`: what it expanded and where complete programs went.
+fn search_counters(
+    report: &crate::egraph::extract::ExtractReport,
+) -> serde_json::Map<String, serde_json::Value> {
+    let counters = serde_json::json!({
+        "expanded_states": report.expanded,
+        "walked_states": report.walked,
+        "complete_candidates": report.complete,
+        "rejected_no_launch_order": report.rejected,
+        "pruned_over_max_kernels": report.over_kernels,
+        "pruned_pointwise_kernels": report.pointwise_kernels,
+        "pruned_dead_components": report.dead_components,
+        "pruned_computing_twice": report.recomputed,
+        "forced_picks": report.forced,
+        "pruned_equivalent": report.equivalent,
+        "pruned_no_launch_order": report.no_launch_order,
+        "rejected_not_lowerable": report.not_lowerable,
+        "distinct_candidates": report.distinct,
+        "stop_reason": report.stop.to_string(),
+    });
+    match counters {
+        serde_json::Value::Object(map) => map,
+        _ => serde_json::Map::new(),
     }
 }
 

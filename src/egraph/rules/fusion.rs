@@ -13,7 +13,7 @@
 //! Generated reducers are named after a hash of their definition, so the same fusion found
 //! twice yields one reducer.
 
-use super::repair::{self, emit_guard, emit_repair, Repair, RepairProblem};
+use super::repair::{self, emit_guard, emit_repair, push, Repair, RepairProblem};
 use super::*;
 use crate::interp::Sizes;
 use crate::ir::{
@@ -30,16 +30,6 @@ pub static RULES: &[Rule] = &[
 ];
 
 // ---- the generated reducers ----
-
-fn push(body: &mut Body, kind: ExprKind) -> NodeId {
-    body.push(Node {
-        kind,
-        name: None,
-        annot: None,
-        span: Default::default(),
-        ty: None,
-    })
-}
 
 fn param(body: &mut Body, name: &str) -> NodeId {
     let id = body.push(Node {
