@@ -124,15 +124,17 @@ fn extracted_candidates_run_and_compile() {
 }
 
 /// Issue 42's programs under Triton: sliding windows whose first key tiles are fully masked
-/// (the generated rolling reducer's guard, lowered, keeps them from NaN) and one-row queries
-/// (a product with one row is no `tl.dot`, which needs 16: the old lowering failed in Triton
-/// with "Input shapes should have M >= 16"). Single-kernel candidates, which fold every key
-/// tile in one loop, and the first candidates of any kind.
+/// and causal attention, whose later key tiles are (the generated rolling reducer's guard,
+/// lowered, keeps them from NaN), and one-row queries (a product with one row is no `tl.dot`,
+/// which needs 16: the old lowering failed in Triton with "Input shapes should have M >=
+/// 16"). Single-kernel candidates, which fold every key tile in one loop, and the first
+/// candidates of any kind.
 #[test]
 fn masked_first_tiles_and_one_row_queries_run_and_compile() {
     for name in [
         "sliding_window_decode",
         "sliding_window_prefill",
+        "causal_prefill",
         "decode_single_query",
         "attention_sinks_decode",
     ] {
