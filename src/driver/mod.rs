@@ -55,6 +55,14 @@ DEBUGGING:
     -h, --help                this help
     -V, --version             version
 
+ENVIRONMENT:
+    EFOPT_WRONG_CANDIDATES=error
+                              a candidate `extract` drops because it differs from its
+                              source (a bug in efopt) is an error, not a warning (the
+                              test suites set it)
+    EFOPT_PYTHON=PATH         the Python with triton and numpy that triton-check runs
+                              (default: the checkout's .venv/bin/python)
+
 Dumps are delimited by `// -----// IR Dump … //----- //` comment lines, so each dump
 parses as a module. Diagnostics go to stderr; exit code 1 on any error.
 ";
