@@ -67,7 +67,7 @@ fn main() {
             println!("{name:<16} does not parse");
             continue;
         };
-        if efopt::passes::verify::verify_module(&mut m).is_err() {
+        if efopt::verify::verify_module(&mut m).is_err() {
             println!("{name:<16} does not verify");
             continue;
         }

@@ -65,7 +65,7 @@ fn main() {
                     }
                 }
             }
-            if efopt::passes::verify::verify_module(&mut module).is_err() {
+            if efopt::verify::verify_module(&mut module).is_err() {
                 println!("{name:<16} does not verify");
                 break;
             }

@@ -80,3 +80,4 @@ pub mod ir;
 pub mod lower;
 pub mod parse;
 pub mod passes;
+pub mod verify;

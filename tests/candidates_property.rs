@@ -657,7 +657,7 @@ fn tensor_level_generator_is_deterministic_and_valid() {
         assert_eq!(a, b);
         assert!(problems.is_empty(), "{:?}", problems.first());
         let mut m = efopt::parse::parse_module(&a, 0).unwrap_or_else(|_| panic!("parses:\n{a}"));
-        efopt::passes::verify::verify_module(&mut m).unwrap_or_else(|_| panic!("verifies:\n{a}"));
+        efopt::verify::verify_module(&mut m).unwrap_or_else(|_| panic!("verifies:\n{a}"));
         for word in [
             "partition",
             "replicate",

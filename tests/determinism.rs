@@ -26,7 +26,7 @@ fn saturated(example: &str) -> (efopt::ir::Module, efopt::egraph::TypedEGraph) {
     let path = format!("{}/examples/{example}.ef", env!("CARGO_MANIFEST_DIR"));
     let text = std::fs::read_to_string(&path).expect("example");
     let mut m = efopt::parse::parse_module(&text, 0).expect("parses");
-    efopt::passes::verify::verify_module(&mut m).expect("verifies");
+    efopt::verify::verify_module(&mut m).expect("verifies");
     let mut g =
         efopt::egraph::TypedEGraph::from_function(&m.funcs[0], &m.reducers).expect("e-graph");
     Runner::default().run(&mut g, &all_rules());

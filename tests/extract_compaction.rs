@@ -16,7 +16,7 @@ use std::path::Path;
 /// The unsaturated e-graph of the first function of `text`.
 fn egraph_of(text: &str) -> TypedEGraph {
     let mut m = efopt::parse::parse_module(text, 0).expect("parses");
-    efopt::passes::verify::verify_module(&mut m).expect("verifies");
+    efopt::verify::verify_module(&mut m).expect("verifies");
     TypedEGraph::from_function(&m.funcs[0], &m.reducers).expect("e-graph")
 }
 

@@ -37,7 +37,7 @@ use efopt::interp::{random_inputs, Interpreter, Sizes, Value};
 use efopt::ir::print::{print_module, PrintOptions};
 use efopt::ir::{Module, TensorType, Type};
 use efopt::parse::parse_module;
-use efopt::passes::verify::verify_module;
+use efopt::verify::verify_module;
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::io::{Read, Write};

@@ -15,7 +15,7 @@ mod common;
 fn saturated(path: &Path, incremental: bool) -> (String, usize) {
     let text = std::fs::read_to_string(path).expect("readable");
     let mut m = efopt::parse::parse_module(&text, 0).expect("parses");
-    efopt::passes::verify::verify_module(&mut m).expect("verifies");
+    efopt::verify::verify_module(&mut m).expect("verifies");
     let f = &m.funcs[0];
     let mut g = TypedEGraph::from_function(f, &m.reducers).expect("e-graph");
     let report = Runner::default()
@@ -60,7 +60,7 @@ fn no_rule_matches_outside_its_root() {
     for f in common::example_and_rule_programs() {
         let text = std::fs::read_to_string(&f).expect("readable");
         let mut m = efopt::parse::parse_module(&text, 0).expect("parses");
-        efopt::passes::verify::verify_module(&mut m).expect("verifies");
+        efopt::verify::verify_module(&mut m).expect("verifies");
         let mut g = TypedEGraph::from_function(&m.funcs[0], &m.reducers).expect("e-graph");
         Runner::default().run(&mut g, &rules);
         let eg = &g.egraph;
@@ -92,7 +92,7 @@ fn parallel_search_gives_the_same_egraph_as_serial_search() {
     let saturate = |path: &Path, after: Duration| {
         let text = std::fs::read_to_string(path).expect("readable");
         let mut m = efopt::parse::parse_module(&text, 0).expect("parses");
-        efopt::passes::verify::verify_module(&mut m).expect("verifies");
+        efopt::verify::verify_module(&mut m).expect("verifies");
         let mut g = TypedEGraph::from_function(&m.funcs[0], &m.reducers).expect("e-graph");
         let report = Runner::default()
             .with_parallel_search_after(after)
@@ -137,7 +137,7 @@ fn an_enode_whose_operands_read_merged_classes_is_searched_again() {
         .collect();
     assert_eq!(rules.len(), 2);
     let mut m = efopt::parse::parse_module(text, 0).expect("parses");
-    efopt::passes::verify::verify_module(&mut m).expect("verifies");
+    efopt::verify::verify_module(&mut m).expect("verifies");
     let saturate = |incremental: bool| {
         let mut g = TypedEGraph::from_function(&m.funcs[0], &m.reducers).expect("e-graph");
         Runner::default()

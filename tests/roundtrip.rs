@@ -4,7 +4,7 @@
 
 use efopt::ir::print::{print_module, PrintOptions};
 use efopt::parse::parse_module;
-use efopt::passes::verify::verify_module;
+use efopt::verify::verify_module;
 use std::path::{Path, PathBuf};
 
 fn ef_files(dir: &Path, out: &mut Vec<PathBuf>) {

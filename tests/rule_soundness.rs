@@ -12,7 +12,7 @@ use efopt::egraph::runner::Runner;
 use efopt::egraph::{ENode, Op, TypedEGraph};
 use efopt::interp::{random_inputs, relative_l2, Interpreter, Sizes, Value};
 use efopt::ir::*;
-use efopt::passes::typing::{type_body, TypeEnv};
+use efopt::verify::typing::{type_body, TypeEnv};
 use egg::{AstSize, Extractor, Id, RecExpr};
 use std::collections::HashMap;
 use std::path::Path;
@@ -76,7 +76,7 @@ fn load(path: &Path, variant: Variant) -> Option<Module> {
                 }
             }
         }
-        match efopt::passes::verify::verify_module(&mut m) {
+        match efopt::verify::verify_module(&mut m) {
             Ok(_) => return Some(m),
             Err(e) if matches!(variant, Variant::Capped(_)) => {
                 panic!("{}: {e:?}", path.display())

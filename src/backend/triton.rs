@@ -297,7 +297,7 @@ fn axis_dims(f: &Function) -> BTreeMap<String, DimBase> {
     for n in &f.body.nodes {
         if let ExprKind::Partition(d, a, x) = &n.kind {
             if let Some(Type::Tensor(t)) = f.body.ty(*x) {
-                if let Ok(i) = crate::passes::typing::resolve_dim(&t.shape, d) {
+                if let Ok(i) = crate::ir::resolve_dim(&t.shape, d) {
                     m.entry(a.to_string()).or_insert(t.shape[i].base.clone());
                 }
             }
@@ -1652,7 +1652,7 @@ impl KernelEmitter<'_, '_> {
             Type::Tuple(ts) => ts.iter().filter_map(|t| t.as_tensor()).collect(),
         };
         let first = types.first()?;
-        let stacked = crate::passes::typing::resolve_dim(&first.shape, d).ok() == Some(0);
+        let stacked = crate::ir::resolve_dim(&first.shape, d).ok() == Some(0);
         let split_by_a = types.iter().any(|t| {
             t.shape
                 .iter()

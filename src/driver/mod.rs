@@ -592,7 +592,7 @@ fn process_chunk(
         .push(("parse".into(), t0.elapsed().as_secs_f64() * 1e3));
     apply_sets(&mut module, &opts.sets, sets_applied);
     let t0 = Instant::now();
-    if let Err(d) = crate::passes::verify::verify_module(&mut module) {
+    if let Err(d) = crate::verify::verify_module(&mut module) {
         return fail(d);
     }
     timing
@@ -663,7 +663,7 @@ fn process_chunk(
             };
         }
         if opts.verify_each {
-            if let Err(d) = crate::passes::verify::verify_module(&mut module) {
+            if let Err(d) = crate::verify::verify_module(&mut module) {
                 diagnostics.push(Diagnostic::global(
                     Severity::Error,
                     format!("pass `{}` produced IR that does not verify", spec.name),

@@ -4,7 +4,7 @@
 use super::lang::{ENode, Op};
 use crate::diag::Span;
 use crate::ir::*;
-use crate::passes::typing::{infer, TypeEnv};
+use crate::verify::typing::{infer, TypeEnv};
 use egg::{DidMerge, Id, Language};
 use std::collections::HashMap;
 
@@ -183,7 +183,7 @@ impl TypedEGraph {
                         .ok_or_else(|| "function is not verified".to_string())
                 })
                 .collect::<Result<_, _>>()?;
-            let kind = crate::passes::typing::resolve_field_name(body, &n.kind, &env)
+            let kind = crate::verify::typing::resolve_field_name(body, &n.kind, &env)
                 .map_err(|e| e.message)?;
             let node = Node {
                 kind: kind.unwrap_or_else(|| n.kind.clone()),

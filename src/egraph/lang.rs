@@ -136,9 +136,7 @@ impl ENode {
     ) -> Result<ENode, String> {
         let dim = |d: &DimRef, i: usize| -> Result<usize, String> {
             match types.get(i) {
-                Some(Type::Tensor(t)) => {
-                    crate::passes::typing::resolve_dim(&t.shape, d).map_err(|e| e.message)
-                }
+                Some(Type::Tensor(t)) => crate::ir::resolve_dim(&t.shape, d).map_err(|e| e.message),
                 _ => match d {
                     DimRef::Index(i) => Ok(*i),
                     DimRef::Name(n) => Err(format!("dimension {n} of a non-tensor")),
@@ -156,7 +154,7 @@ impl ENode {
             ExprKind::Fill(v) => Op::Fill(v.to_bits(), annot()?),
             ExprKind::Iota(d) => {
                 let t = annot()?;
-                let i = crate::passes::typing::resolve_dim(&t.shape, d).map_err(|e| e.message)?;
+                let i = crate::ir::resolve_dim(&t.shape, d).map_err(|e| e.message)?;
                 Op::Iota(i, t)
             }
             ExprKind::Tuple(_) => Op::Tuple,
@@ -190,7 +188,7 @@ impl ENode {
                     let first = fs.first().ok_or("reduce of an empty tuple")?;
                     let i = dim(d, usize::MAX).or_else(|_| match first {
                         Type::Tensor(t) => {
-                            crate::passes::typing::resolve_dim(&t.shape, d).map_err(|e| e.message)
+                            crate::ir::resolve_dim(&t.shape, d).map_err(|e| e.message)
                         }
                         Type::Tuple(_) => Err("nested tuple".to_string()),
                     })?;

@@ -8,7 +8,6 @@
 //! - [`runner`]: equality saturation with limits and a typed stop reason.
 
 pub mod extract;
-pub mod finite;
 pub mod graph;
 pub mod lang;
 pub mod rules;

@@ -5,7 +5,7 @@ use super::graph::TypedEGraph;
 use super::lang::{Children, ENode, Op};
 use super::rules::{Family, Out, Reach, Root, Rule, Term};
 use crate::ir::Type;
-use crate::passes::typing::infer;
+use crate::verify::typing::infer;
 use egg::Id;
 use rayon::prelude::*;
 use rustc_hash::FxHashMap as HashMap;
@@ -665,7 +665,7 @@ mod tests {
     fn a_rule_proposing_another_type_is_reported_by_name_and_not_merged() {
         let src = "func f where M = 2, N = 3 {\n  x: tensor<MxN, f32> = input\n  return transpose[1,0](x)\n}\n";
         let mut m = crate::parse::parse_module(src, 0).expect("parses");
-        crate::passes::verify::verify_module(&mut m).expect("verifies");
+        crate::verify::verify_module(&mut m).expect("verifies");
         let mut g = TypedEGraph::from_function(&m.funcs[0], &m.reducers).expect("e-graph");
         let report = Runner::default().run(&mut g, &[&WRONG]);
         assert_eq!(report.bugs.len(), 1, "{:?}", report.bugs);
@@ -686,7 +686,7 @@ mod tests {
             .join(format!("{name}.ef"));
         let text = std::fs::read_to_string(path).expect("example exists");
         let mut m = crate::parse::parse_module(&text, 0).expect("parses");
-        crate::passes::verify::verify_module(&mut m).expect("verifies");
+        crate::verify::verify_module(&mut m).expect("verifies");
         let g = TypedEGraph::from_function(&m.funcs[0], &m.reducers).expect("e-graph");
         (m, g)
     }

@@ -172,7 +172,7 @@ impl Sizes {
             match &n.kind {
                 ExprKind::Partition(d, a, x) => {
                     let size = match f.body.ty(*x) {
-                        Some(Type::Tensor(t)) => crate::passes::typing::resolve_dim(&t.shape, d)
+                        Some(Type::Tensor(t)) => crate::ir::resolve_dim(&t.shape, d)
                             .ok()
                             .and_then(|i| t.shape[i].eval(&|s| bound.get(s)).ok()),
                         _ => None,
@@ -452,8 +452,7 @@ impl<'m> Interpreter<'m> {
                 let Some(Type::Tensor(ty)) = &n.annot else {
                     return Err("iota without type".into());
                 };
-                let dim =
-                    crate::passes::typing::resolve_dim(&ty.shape, d).map_err(|e| e.message)?;
+                let dim = crate::ir::resolve_dim(&ty.shape, d).map_err(|e| e.message)?;
                 let mut t = Tensor::iota(shape, dim)?;
                 t.round(dt);
                 tt(TiledTensor::dense(dt, t))
@@ -672,7 +671,7 @@ impl<'m> Interpreter<'m> {
         let x = n.kind.operands()[0];
         match (d, body.ty(x)) {
             (_, Some(Type::Tensor(t))) => {
-                crate::passes::typing::resolve_dim(&t.shape, d).map_err(|e| e.message)
+                crate::ir::resolve_dim(&t.shape, d).map_err(|e| e.message)
             }
             (DimRef::Index(i), _) => Ok(*i),
             (DimRef::Name(name), _) => Err(format!(
@@ -917,8 +916,8 @@ impl<'m> Interpreter<'m> {
                 let input_ty = body
                     .ty(input)
                     .ok_or("reduce needs its operand's type; run verify first")?;
-                let env = crate::passes::typing::TypeEnv::new(&self.module.reducers);
-                let types = crate::passes::typing::reducer_body_types(def, input_ty, over, &env)
+                let env = crate::verify::typing::TypeEnv::new(&self.module.reducers);
+                let types = crate::verify::typing::reducer_body_types(def, input_ty, over, &env)
                     .map_err(|e| e.message)?;
                 let mut typed = def.body.clone();
                 for (n, t) in typed.nodes.iter_mut().zip(types) {
@@ -1012,9 +1011,7 @@ impl<'m> Interpreter<'m> {
         fn walk(t: &Type, d: &DimRef, out: &mut Vec<usize>) -> Result<(), String> {
             match t {
                 Type::Tensor(t) => {
-                    out.push(
-                        crate::passes::typing::resolve_dim(&t.shape, d).map_err(|e| e.message)?,
-                    );
+                    out.push(crate::ir::resolve_dim(&t.shape, d).map_err(|e| e.message)?);
                     Ok(())
                 }
                 Type::Tuple(fs) => fs.iter().try_for_each(|f| walk(f, d, out)),

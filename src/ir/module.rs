@@ -573,7 +573,7 @@ mod tests {
 
     fn reducers(src: &str) -> Vec<ReducerDef> {
         let mut m = crate::parse::parse_module(src, 0).expect("parses");
-        crate::passes::verify::verify_module(&mut m).expect("verifies");
+        crate::verify::verify_module(&mut m).expect("verifies");
         m.reducers
     }
 

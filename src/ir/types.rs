@@ -5,6 +5,7 @@
 //! dimension `K`, and the per-coordinate (tile) shape is derived from it. This is what lets a
 //! tensor-level and a tiled expression of the same value have the same type.
 
+use super::module::DimRef;
 use super::symbol::Sym;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -342,4 +343,61 @@ pub fn is_dim_symbol(name: &str) -> bool {
 
 pub fn is_axis_name(name: &str) -> bool {
     name.chars().next().is_some_and(|c| c.is_ascii_lowercase())
+}
+
+/// Why a [`DimRef`] names no single dimension of a shape.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DimError {
+    pub message: String,
+    pub help: Option<String>,
+}
+
+impl DimError {
+    fn new(message: String) -> DimError {
+        DimError {
+            message,
+            help: None,
+        }
+    }
+}
+
+/// A shape as typing errors name it: `a scalar`, or its text.
+pub fn shape_text(shape: &[Dim]) -> String {
+    if shape.is_empty() {
+        "a scalar".into()
+    } else {
+        shape_to_string(shape)
+    }
+}
+
+/// Resolves a dimension reference against a shape.
+pub fn resolve_dim(shape: &[Dim], d: &DimRef) -> Result<usize, DimError> {
+    match d {
+        DimRef::Index(i) => {
+            if *i < shape.len() {
+                Ok(*i)
+            } else {
+                Err(DimError::new(format!(
+                    "dimension index {i} is out of range for shape {}",
+                    shape_text(shape)
+                )))
+            }
+        }
+        DimRef::Name(n) => {
+            let hits: Vec<usize> = (0..shape.len())
+                .filter(|&i| shape[i].has_symbol(n))
+                .collect();
+            match hits.as_slice() {
+                [i] => Ok(*i),
+                [] => Err(DimError::new(format!(
+                    "the operand has no dimension {n}; its shape is {}",
+                    shape_text(shape)
+                ))),
+                _ => Err(DimError {
+                    message: format!("dimension {n} is ambiguous in shape {}", shape_text(shape)),
+                    help: Some("refer to the dimension by index".into()),
+                }),
+            }
+        }
+    }
 }

@@ -174,7 +174,7 @@ pub fn collection_fold_axis(body: &Body, id: NodeId) -> Option<&crate::ir::Sym> 
         Type::Tensor(t) => t,
         Type::Tuple(ts) => ts.first()?.as_tensor()?,
     };
-    let stacked = crate::passes::typing::resolve_dim(&t.shape, d).ok() == Some(0);
+    let stacked = crate::ir::resolve_dim(&t.shape, d).ok() == Some(0);
     (stacked && !t.par.is_empty()).then_some(a)
 }
 

@@ -295,7 +295,7 @@ impl CheckPass {
         })?;
         let id = cx.sources.add(full.display().to_string(), text.clone());
         let mut m = crate::parse::parse_module(&text, id)?;
-        crate::passes::verify::verify_module(&mut m)?;
+        crate::verify::verify_module(&mut m)?;
         Ok(Some(m))
     }
 }

@@ -274,7 +274,7 @@ pub fn represents(
 /// The program's nodes as e-nodes (children unused; program operands drive the walk).
 fn program_enodes(f: &Function, reducers: &[ReducerDef]) -> Result<Vec<ENode>, String> {
     let body = &f.body;
-    let env = super::typing::TypeEnv::new(reducers);
+    let env = crate::verify::typing::TypeEnv::new(reducers);
     let mut out = Vec::new();
     for id in body.ids() {
         let n = body.node(id);
@@ -283,7 +283,7 @@ fn program_enodes(f: &Function, reducers: &[ReducerDef]) -> Result<Vec<ENode>, S
         let pos = body.params.iter().position(|p| *p == id).map(|p| p as u32);
         let mut node = n.clone();
         if let Some(k) =
-            super::typing::resolve_field_name(body, &n.kind, &env).map_err(|e| e.message)?
+            crate::verify::typing::resolve_field_name(body, &n.kind, &env).map_err(|e| e.message)?
         {
             node.kind = k;
         }
@@ -313,7 +313,7 @@ impl Pass for ContainsPass {
         })?;
         let id = cx.sources.add(path.display().to_string(), text.clone());
         let mut prog = crate::parse::parse_module(&text, id)?;
-        super::verify::verify_module(&mut prog)?;
+        crate::verify::verify_module(&mut prog)?;
         if module.egraphs.is_empty() {
             return Err(vec![Diagnostic::global(
                 Severity::Error,

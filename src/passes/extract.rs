@@ -635,7 +635,7 @@ mod tests {
         let mut sources = crate::diag::SourceMap::default();
         let source = sources.add("gated_mlp.ef", text);
         let mut module = crate::parse::parse_module(text, source).expect("parses");
-        crate::passes::verify::verify_module(&mut module).expect("verifies");
+        crate::verify::verify_module(&mut module).expect("verifies");
         let original = module.clone();
         let info = |name: &str| {
             crate::passes::registry()

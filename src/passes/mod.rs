@@ -7,8 +7,6 @@ pub mod extract;
 pub mod lower;
 pub mod net;
 pub mod saturate;
-pub mod typing;
-pub mod verify;
 
 use crate::diag::{Diagnostic, SourceMap};
 use crate::ir::Module;
@@ -239,7 +237,7 @@ impl Pass for VerifyPass {
     }
 
     fn run(&mut self, module: &mut Module, cx: &mut PassContext) -> Result<(), Vec<Diagnostic>> {
-        verify::verify_module(module)?;
+        crate::verify::verify_module(module)?;
         let nodes: usize = module.funcs.iter().map(|f| f.body.nodes.len()).sum();
         cx.counters
             .insert("functions".into(), module.funcs.len().into());

@@ -435,7 +435,7 @@ mod tests {
 
     fn function(text: &str) -> Module {
         let mut m = crate::parse::parse_module(text, 0).expect("parses");
-        crate::passes::verify::verify_module(&mut m).expect("verifies");
+        crate::verify::verify_module(&mut m).expect("verifies");
         m
     }
 

@@ -9,7 +9,7 @@
 use super::Rng;
 use efopt::ir::{Dim, Module, ParKind, TensorType, Type};
 use efopt::parse::parse_module;
-use efopt::passes::verify::verify_module;
+use efopt::verify::verify_module;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 const DIM_NAMES: &[&str] = &["M", "N", "K", "B", "D", "Q"];

@@ -115,7 +115,7 @@ impl<'a> ExtractGraph<'a> {
                     .collect()
             })
             .collect();
-        let finite = crate::egraph::finite::bottom_up(&operands).finite;
+        let finite = crate::ir::finite::bottom_up(&operands).finite;
         for ns in &mut nodes {
             ns.retain(|(_, k)| k.iter().all(|k| finite[*k as usize]));
         }

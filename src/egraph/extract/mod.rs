@@ -1185,7 +1185,7 @@ mod tests {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
         let text = std::fs::read_to_string(root.join("examples/rmsnorm_gemm.ef")).unwrap();
         let mut m = crate::parse::parse_module(&text, 0).unwrap();
-        crate::passes::verify::verify_module(&mut m).unwrap();
+        crate::verify::verify_module(&mut m).unwrap();
         let mut g = TypedEGraph::from_function(&m.funcs[0], &m.reducers).unwrap();
         crate::egraph::runner::Runner::default().run(&mut g, &crate::egraph::rules::all_rules());
         let x = ExtractGraph::new(&g).unwrap();

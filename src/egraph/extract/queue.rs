@@ -287,7 +287,7 @@ mod tests {
     fn named_function(name: &str) -> Function {
         let src = "func f where N = 4 {\n  x: tensor<N, f32> = input\n  return exp(x)\n}\n";
         let mut m = crate::parse::parse_module(src, 0).expect("parses");
-        crate::passes::verify::verify_module(&mut m).expect("verifies");
+        crate::verify::verify_module(&mut m).expect("verifies");
         let mut f = m.funcs.remove(0);
         f.name = name.to_string();
         f

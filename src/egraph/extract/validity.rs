@@ -175,7 +175,7 @@ pub(super) fn required_get(x: &ExtractGraph, choice: &Choice, b: u32) -> Option<
 /// that every component is a result of its own.
 pub(super) fn independent(
     reducer: &crate::ir::ReducerRef,
-    env: &crate::passes::typing::TypeEnv,
+    env: &crate::verify::typing::TypeEnv,
 ) -> bool {
     match reducer {
         crate::ir::ReducerRef::User(name) => env
@@ -193,7 +193,7 @@ pub(super) fn independent(
 /// puts each component in the class of its unfused reduction). Likewise a candidate that fuses
 /// a value into a reduction and then computes it again elsewhere does the work twice. Judged
 /// on the reconstructed program, where equal values are one node, so that ≈ candidates agree.
-pub(super) fn no_dead_components(f: &Function, env: &crate::passes::typing::TypeEnv) -> bool {
+pub(super) fn no_dead_components(f: &Function, env: &crate::verify::typing::TypeEnv) -> bool {
     let nodes = &f.body.nodes;
     let mut read: FxHashSet<(usize, usize)> = FxHashSet::default();
     let mut whole: FxHashSet<usize> = FxHashSet::default();

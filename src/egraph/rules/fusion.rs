@@ -19,7 +19,7 @@ use crate::interp::Sizes;
 use crate::ir::{
     BinaryOp, Body, BuiltinReducer, ExprKind, Node, NodeId, ReducerDef, ReducerRef, UnaryOp,
 };
-use crate::passes::typing::{infer, TypeEnv};
+use crate::verify::typing::{infer, TypeEnv};
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 #[rustfmt::skip]

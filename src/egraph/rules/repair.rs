@@ -47,7 +47,7 @@ use crate::ir::{
     BinaryOp, Binding, Body, DType, ExprKind, Function, Module, Node, NodeId, TensorType, Type,
     UnaryOp,
 };
-use crate::passes::typing::TypeEnv;
+use crate::verify::typing::TypeEnv;
 use std::sync::Arc;
 
 /// A repair `h(c, s, s')`, simplest first (the order they are tried in).
@@ -309,7 +309,7 @@ fn input(body: &mut Body, t: &TensorType) -> NodeId {
 
 fn function(body: Body, env: &TypeEnv, sizes: &Sizes) -> Result<Function, String> {
     let mut body = body;
-    let types = crate::passes::typing::type_body(&body, &[], env).map_err(|e| format!("{e:?}"))?;
+    let types = crate::verify::typing::type_body(&body, &[], env).map_err(|e| format!("{e:?}"))?;
     for (n, t) in body.nodes.iter_mut().zip(types) {
         n.ty = Some(t);
     }

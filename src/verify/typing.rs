@@ -100,44 +100,15 @@ pub fn tensor(t: &Type) -> TResult<&TensorType> {
     }
 }
 
-/// Resolves a dimension reference against a shape.
-pub fn resolve_dim(shape: &[Dim], d: &DimRef) -> TResult<usize> {
-    match d {
-        DimRef::Index(i) => {
-            if *i < shape.len() {
-                Ok(*i)
-            } else {
-                err(format!(
-                    "dimension index {i} is out of range for shape {}",
-                    shape_text(shape)
-                ))
-            }
+/// A dimension reference that names no single dimension of a shape.
+impl From<DimError> for TypeError {
+    fn from(e: DimError) -> TypeError {
+        TypeError {
+            message: e.message,
+            help: e.help,
+            span: None,
+            notes: Vec::new(),
         }
-        DimRef::Name(n) => {
-            let hits: Vec<usize> = (0..shape.len())
-                .filter(|&i| shape[i].has_symbol(n))
-                .collect();
-            match hits.as_slice() {
-                [i] => Ok(*i),
-                [] => err(format!(
-                    "the operand has no dimension {n}; its shape is {}",
-                    shape_text(shape)
-                )),
-                _ => Err(TypeError::new(format!(
-                    "dimension {n} is ambiguous in shape {}",
-                    shape_text(shape)
-                ))
-                .help("refer to the dimension by index")),
-            }
-        }
-    }
-}
-
-fn shape_text(shape: &[Dim]) -> String {
-    if shape.is_empty() {
-        "a scalar".into()
-    } else {
-        shape_to_string(shape)
     }
 }
 

@@ -1,16 +1,44 @@
-//! The `verify` pass: infers and checks every node's type (see [`super::typing`]) and the
+//! The verifier: infers and checks every node's type ([`typing`] holds the rules) and the
 //! module-level rules, reporting each violation as its own diagnostic at the offending
-//! expression. On success every node's `ty` is filled in.
+//! expression. On success every node's `ty` is filled in and [`verify_module`] returns a
+//! [`ModuleInfo`], which lowering requires: an unverified function cannot be planned or
+//! emitted.
 
-use super::typing::{annotation_mismatch, infer, resolve_field_name, TypeEnv};
+pub mod typing;
+
 use crate::diag::Diagnostic;
 use crate::ir::*;
+use typing::{annotation_mismatch, infer, resolve_field_name, TypeEnv};
 
-/// Proof that a module verified: later stages that need well-typed input take one.
-#[derive(Clone, Copy, Debug)]
-pub struct Verified(());
+/// What verification established about a module, and what later stages need from it: the
+/// reducers its functions' folds name, every one typed. Only the verifier makes one (the
+/// field is private), so a stage that takes a `ModuleInfo` only ever sees verified input.
+#[derive(Clone, Debug)]
+pub struct ModuleInfo {
+    reducers: Vec<ReducerDef>,
+}
 
-pub fn verify_module(m: &mut Module) -> Result<Verified, Vec<Diagnostic>> {
+impl ModuleInfo {
+    /// The module's reducer definitions, by name.
+    pub fn reducer(&self, name: &str) -> Option<&ReducerDef> {
+        self.reducers.iter().find(|r| r.name == name)
+    }
+
+    pub fn reducers(&self) -> &[ReducerDef] {
+        &self.reducers
+    }
+
+    /// The info of functions typed by the e-graph analysis of a verified module, whose rules
+    /// may have defined reducers (fusion's generated reducers, typed by [`TypeEnv`] when the
+    /// rule made them): extraction's candidates are typed this way, not by `verify_module`.
+    pub fn of_typed_egraph(env: &TypeEnv) -> ModuleInfo {
+        ModuleInfo {
+            reducers: env.reducers().to_vec(),
+        }
+    }
+}
+
+pub fn verify_module(m: &mut Module) -> Result<ModuleInfo, Vec<Diagnostic>> {
     let mut diags = Vec::new();
     let reducers = m.reducers.clone();
     let env = TypeEnv::new(&reducers);
@@ -24,7 +52,7 @@ pub fn verify_module(m: &mut Module) -> Result<Verified, Vec<Diagnostic>> {
     let mut seen = std::collections::HashSet::new();
     diags.retain(|d: &Diagnostic| seen.insert((d.span, d.message.clone())));
     if diags.is_empty() {
-        Ok(Verified(()))
+        Ok(ModuleInfo { reducers })
     } else {
         Err(diags)
     }
@@ -170,7 +198,7 @@ fn verify_egraph(g: &EGraphDump, env: &TypeEnv, diags: &mut Vec<Diagnostic>) {
                 .collect()
         })
         .collect();
-    let finite = crate::egraph::finite::bottom_up(&operands).finite;
+    let finite = crate::ir::finite::bottom_up(&operands).finite;
     if let Some(c) = g
         .classes
         .iter()
