@@ -94,7 +94,7 @@ fn main() {
             }
         };
         // As the `extract` pass runs it: candidates `lower` refuses are not output.
-        let check = efopt::passes::extract::lower_check(g.egraph.analysis.env.reducers());
+        let check = efopt::passes::extract::lower_check(&g.egraph.analysis.env);
         let mut expanded = Vec::new();
         let mut exhausted = Vec::new();
         for mode in [Compaction::None, Compaction::After, Compaction::Early] {

@@ -27,9 +27,7 @@ fn extractor(g: &TypedEGraph, mode: Compaction) -> Extractor {
         .with_max_candidates(1_000_000)
         // A bound, not a timing: these runs must finish on a loaded CI machine.
         .with_time_limit(std::time::Duration::from_secs(1200))
-        .with_lowerable(efopt::passes::extract::lower_check(
-            g.egraph.analysis.env.reducers(),
-        ))
+        .with_lowerable(efopt::passes::extract::lower_check(&g.egraph.analysis.env))
 }
 
 /// A row normalisation before a matmul, small enough to enumerate fully after three
@@ -192,7 +190,7 @@ fn a_refused_representative_leaves_its_class_open() {
     let g = saturated_example("softmax_matmul", 30);
     let x = ExtractGraph::new(&g).expect("extractable");
     let reducers = g.egraph.analysis.env.reducers().to_vec();
-    let real = efopt::passes::extract::lower_check(&reducers);
+    let real = efopt::passes::extract::lower_check(&g.egraph.analysis.env);
     let old_backend: efopt::egraph::extract::LowerCheck = std::sync::Arc::new(move |f| {
         let sequential = f.body.nodes.iter().any(|n| match &n.kind {
             ExprKind::Reduce {
@@ -1013,7 +1011,7 @@ fn lowering_in_the_background_changes_nothing_but_the_time() {
     for name in ["lora", "softmax_matmul"] {
         let g = saturated_example(name, 30);
         let x = ExtractGraph::new(&g).expect("extractable");
-        let real = efopt::passes::extract::lower_check(g.egraph.analysis.env.reducers());
+        let real = efopt::passes::extract::lower_check(&g.egraph.analysis.env);
         for (mode, check) in [
             (Compaction::Early, &real),
             (Compaction::Early, &slow),

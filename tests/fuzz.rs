@@ -449,12 +449,25 @@ fn check_text(text: &str, stats: &mut Stats) -> Result<(), Failure> {
             efopt::lower::cost(f, &efopt::lower::kernel_graph(f))
         })
         .map_err(at)?;
-        let emitted = guarded("lower (Triton emission)", || {
-            efopt::backend::triton::lowerable(&m, f)
+        let Ok(info) = &verified else { continue };
+        let planned = guarded("lower (kernel plan)", || {
+            efopt::lower::plan(info, f).map(|p| {
+                let schedule = efopt::lower::Schedule::default_for(&p);
+                let mut names = efopt::ir::print::Namer::default();
+                efopt::backend::triton::emit_function(&p, &schedule, Default::default(), &mut names)
+                    .map(|_| ())
+                    .map_err(|(_, m)| m)
+            })
         })
         .map_err(at)?;
-        match emitted {
-            Ok(()) => stats.lowered += 1,
+        match planned {
+            Ok(Ok(())) => stats.lowered += 1,
+            Ok(Err(m)) => {
+                return Err(at(Failure::new(
+                    "the Triton writer refused a planned function",
+                    format!("{m}\n--- {}", f.name),
+                )))
+            }
             Err(_) => stats.refused_by_lower += 1,
         }
     }

@@ -11,6 +11,11 @@
 //! Constant expressions (built from `fill`/`constant`/`iota` only) are computed inline where
 //! they are used. Launch order follows data dependencies.
 
+pub mod plan;
+pub mod walk;
+
+pub use plan::{plan, KernelPlan, Refusal, Schedule};
+
 use crate::ir::*;
 use std::collections::{BTreeSet, HashMap};
 

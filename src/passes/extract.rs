@@ -9,20 +9,20 @@ use crate::egraph::extract::{
     reconstruct, summarize, Candidate, Compaction, ExtractGraph, Extractor, HoleContext, HoleOrder,
     LowerCheck,
 };
-use crate::ir::{Function, Module, ReducerDef};
+use crate::ir::{Function, Module};
 use rayon::prelude::*;
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 /// The Triton backend's lowerability test, as the extractor takes it: candidates of an
 /// e-graph whose reducers (the module's and those fusion generated) are `reducers`.
-pub fn lower_check(reducers: &[ReducerDef]) -> LowerCheck {
-    // Reducer definitions only: what lowering reads from the module.
-    let module = Module {
-        reducers: reducers.to_vec(),
-        ..Module::default()
-    };
-    std::sync::Arc::new(move |f: &Function| crate::backend::triton::lowerable(&module, f))
+pub fn lower_check(env: &crate::verify::typing::TypeEnv) -> LowerCheck {
+    let info = crate::verify::ModuleInfo::of_typed_egraph(env);
+    std::sync::Arc::new(move |f: &Function| {
+        crate::lower::plan(&info, f)
+            .map(|_| ())
+            .map_err(|r| r.reason)
+    })
 }
 
 pub fn extract_info() -> PassInfo {
@@ -173,7 +173,7 @@ impl Pass for ExtractPass {
             };
             let mut extractor = extractor
                 .clone()
-                .with_lowerable(lower_check(g.egraph.analysis.env.reducers()));
+                .with_lowerable(lower_check(&g.egraph.analysis.env));
             let shown = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
             if cx.progress {
                 let (name, shown) = (g.name.clone(), shown.clone());

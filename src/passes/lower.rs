@@ -8,7 +8,8 @@ use crate::backend::triton::{emit_module, TritonOptions};
 use crate::diag::Diagnostic;
 use crate::interp::{random_inputs, Interpreter, Sizes};
 use crate::ir::{Function, Module, NodeId, Type};
-use crate::lower::{cost, kernel_graph};
+use crate::lower::{cost, plan, KernelPlan};
+use crate::verify::ModuleInfo;
 use std::fmt::Write as _;
 use std::time::Instant;
 
@@ -114,22 +115,20 @@ fn lowering_error(f: &Function, node: NodeId, message: String) -> Diagnostic {
         .with_help("extract{max-kernels=…} or another candidate may avoid the construct; see docs/cli.md (lower)")
 }
 
-/// The functions the backend can lower; each other one gets a warning naming the construct
+/// The plans of the functions that lower; each other one gets a warning naming the construct
 /// it cannot lower yet. Returns them and how many were skipped.
-fn lowerable<'m>(
-    module: &'m Module,
+fn planned<'m>(
+    info: &'m ModuleInfo,
     funcs: Vec<&'m Function>,
-    opts: TritonOptions,
     cx: &mut PassContext,
-) -> (Vec<&'m Function>, usize) {
+) -> (Vec<KernelPlan<'m>>, usize) {
     let mut ok = Vec::new();
     let mut skipped = 0;
     for f in funcs {
-        let mut names = crate::ir::print::Namer::default();
-        match crate::backend::triton::emit_function(module, f, opts, &mut names) {
-            Ok(_) => ok.push(f),
-            Err((node, message)) => {
-                let mut d = lowering_error(f, node, message);
+        match plan(info, f) {
+            Ok(p) => ok.push(p),
+            Err(refusal) => {
+                let mut d = lowering_error(f, refusal.node, refusal.reason);
                 d.severity = crate::diag::Severity::Warning;
                 cx.diagnostics.push(d);
                 skipped += 1;
@@ -137,6 +136,15 @@ fn lowerable<'m>(
         }
     }
     (ok, skipped)
+}
+
+/// A plan the backend could not write: a bug in the plan, reported at the node.
+fn unwritten(module: &Module, node: NodeId, message: String, name: String) -> Vec<Diagnostic> {
+    let f = module.funcs.iter().find(|f| f.name == name);
+    vec![match f {
+        Some(f) => lowering_error(f, node, message),
+        None => Diagnostic::global(crate::diag::Severity::Error, message),
+    }]
 }
 
 struct LowerPass {
@@ -150,24 +158,23 @@ impl Pass for LowerPass {
 
     fn run(&mut self, module: &mut Module, cx: &mut PassContext) -> Result<(), Vec<Diagnostic>> {
         let opts = self.opts;
-        let (funcs, _) = lowerable(module, module.funcs.iter().collect(), opts, cx);
-        if funcs.is_empty() {
+        // Lowering takes verified functions only: the verifier's info is its ticket.
+        let info = crate::verify::verify_module(module)?;
+        let module: &Module = module;
+        let (plans, _) = planned(&info, module.funcs.iter().collect(), cx);
+        if plans.is_empty() {
             return Err(vec![Diagnostic::global(
                 crate::diag::Severity::Error,
                 "lower: no function could be lowered",
             )]);
         }
-        let (source, _) = emit_module(module, &funcs, opts).map_err(|(node, message, name)| {
-            let f = module.funcs.iter().find(|f| f.name == name);
-            vec![match f {
-                Some(f) => lowering_error(f, node, message),
-                None => Diagnostic::global(crate::diag::Severity::Error, message),
-            }]
-        })?;
+        let (source, _) = emit_module(&plans, opts)
+            .map_err(|(node, message, name)| unwritten(module, node, message, name))?;
         let mut per = Vec::new();
-        for f in &funcs {
+        for p in &plans {
+            let f = p.function;
             {
-                let c = cost(f, &kernel_graph(f));
+                let c = cost(f, &p.graph);
                 cx.report.push(format!(
                     "// lower @{}: {} kernel(s), {} bytes read, {} bytes written, {} flops",
                     f.name, c.kernels, c.bytes_read, c.bytes_written, c.flops
@@ -207,37 +214,31 @@ impl Pass for TritonCheckPass {
         let fail = |m: String| vec![Diagnostic::global(crate::diag::Severity::Error, m)];
         // Every function is lowered (each one that cannot be gets a warning); a sample of
         // those that can is run.
-        let (lowered, not_lowered) = lowerable(
-            module,
-            module.funcs.iter().collect(),
-            TritonOptions {
-                interpret: true,
-                dot_bf16: false,
-            },
-            cx,
-        );
-        let chosen: Vec<&Function> =
-            super::check::sample_indices(lowered.len(), self.sample, cx.seed)
-                .into_iter()
-                .map(|i| lowered[i])
-                .collect();
-        cx.counters.insert("lowered".into(), lowered.len().into());
+        let info = crate::verify::verify_module(module)?;
+        let module: &Module = module;
+        let (mut lowered, not_lowered) = planned(&info, module.funcs.iter().collect(), cx);
+        let lowered_count = lowered.len();
+        let mut picked = super::check::sample_indices(lowered.len(), self.sample, cx.seed);
+        let chosen_plans: Vec<KernelPlan> = {
+            // In sample order (the indices need not be sorted).
+            let mut slots: Vec<Option<KernelPlan>> = lowered.drain(..).map(Some).collect();
+            picked
+                .drain(..)
+                .filter_map(|i| slots.get_mut(i).and_then(Option::take))
+                .collect()
+        };
+        let chosen: Vec<&Function> = chosen_plans.iter().map(|p| p.function).collect();
+        cx.counters.insert("lowered".into(), lowered_count.into());
         cx.counters.insert("checked".into(), chosen.len().into());
         cx.counters.insert("not_lowered".into(), not_lowered.into());
         let (source, hosts) = emit_module(
-            module,
-            &chosen,
+            &chosen_plans,
             TritonOptions {
                 interpret: true,
                 dot_bf16: false,
             },
         )
-        .map_err(
-            |(node, message, name)| match chosen.iter().find(|f| f.name == name) {
-                Some(f) => vec![lowering_error(f, node, message)],
-                None => fail(message),
-            },
-        )?;
+        .map_err(|(node, message, name)| unwritten(module, node, message, name))?;
         let dir = std::env::temp_dir().join(format!(
             "efopt-triton-check-{}-{}",
             std::process::id(),
@@ -282,7 +283,7 @@ impl Pass for TritonCheckPass {
                 .iter()
                 .map(|b| {
                     let mut m = serde_json::Map::new();
-                    for a in crate::backend::triton::block_axes(f) {
+                    for a in chosen_plans[fi].axis_dims().keys() {
                         m.insert(format!("BLOCK_{a}"), (*b).into());
                     }
                     serde_json::Value::Object(m)

@@ -1,0 +1,586 @@
+//! The kernel plan: every decision about how a verified candidate runs on a GPU, made once,
+//! before any code is written.
+//!
+//! [`plan`] partitions the function into kernels (their launch order), gives every stored
+//! tensor a buffer (inputs, results, intermediates, with shapes and dtypes), decides per
+//! kernel its grid, loop and whole axes, its folds and their kind, its loads and stores and
+//! the order and loop in which it computes each value ([`Step`]s, see [`super::walk`]), and
+//! names the schedule parameters it leaves open (a block size per split axis, `num_warps`,
+//! `num_stages`) with their legal ranges. What cannot be lowered is refused here, with the
+//! node and the reason, so a candidate the plan accepts is one the backend can write.
+//!
+//! For the cost model, each kernel lists which tiles a program loads and how often (once, or
+//! once per iteration of the loops around the load), along which grid axes several programs
+//! read the same tile, and which values every program recomputes.
+
+use super::walk::{self, field_types, varies_along, Block, Step, Walk};
+use super::{kernel_graph, store_axes, tiled, Kernel, KernelGraph};
+use crate::ir::*;
+use crate::verify::ModuleInfo;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// A stored tensor: a node and, for a tuple-valued node, the field (0 for a tensor).
+pub type BufferKey = (NodeId, usize);
+
+/// Why a function cannot be lowered: the construct, at the node that has it.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{reason}")]
+pub struct Refusal {
+    pub node: NodeId,
+    pub reason: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BufferRole {
+    /// The function's input at this position.
+    Input(usize),
+    /// The function's result at this position.
+    Result(usize),
+    /// Written by one kernel, read by later ones.
+    Intermediate,
+}
+
+#[derive(Clone, Debug)]
+pub struct Buffer {
+    pub key: BufferKey,
+    pub role: BufferRole,
+    pub shape: Vec<DimBase>,
+    pub dtype: DType,
+    /// The kernel that writes it (`None` for an input).
+    pub writer: Option<usize>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FoldKind {
+    /// `reduce … parallel=a`: a loop over the tiles of `a` with loop-carried state.
+    Loop,
+    /// `reduce (collection[a](x)) axis=0`: the same loop, instead of a stored stack.
+    Collection,
+    /// A user reducer that is no product of built-ins over a block dimension: a loop over
+    /// its elements, one at a time.
+    Sequential,
+    /// The same over the entries of a stack another kernel stored: a loop over its axis.
+    Stack,
+    /// A built-in reducer (or a product of them) over a block dimension: `tl.sum` and kin.
+    Block,
+}
+
+#[derive(Clone, Debug)]
+pub struct Fold {
+    pub node: NodeId,
+    pub kind: FoldKind,
+    /// The parallel axis it loops over (`Loop`, `Collection`, `Stack`).
+    pub axis: Option<String>,
+}
+
+/// A tile a program reads from global memory.
+#[derive(Clone, Debug)]
+pub struct Load {
+    /// The view (or tensor-level value read whole) that loads it.
+    pub node: NodeId,
+    pub buffer: BufferKey,
+    /// How each dimension of the tile is blocked.
+    pub blocks: Vec<Block>,
+    /// The loops the load sits in: a program loads one tile per iteration of each.
+    pub per_iteration_of: Vec<String>,
+    /// Grid axes along which the tile is the same: that many programs read it.
+    pub shared_along: Vec<String>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Store {
+    pub node: NodeId,
+    /// One buffer per field.
+    pub buffers: Vec<BufferKey>,
+    /// The axes it is written along (`combination`s, a `collection`).
+    pub axes: Vec<String>,
+    /// The loop it is stored in, tile by tile (`None`: once per program).
+    pub in_loop: Option<String>,
+}
+
+/// A value every program computes although it does not vary along some grid axes.
+#[derive(Clone, Debug)]
+pub struct Recomputed {
+    pub node: NodeId,
+    pub along: Vec<String>,
+}
+
+#[derive(Clone, Debug)]
+pub struct PlannedKernel {
+    pub kernel: Kernel,
+    /// Grid axes: one program per tile coordinate (axes combined whole excluded).
+    pub grid_axes: Vec<String>,
+    pub loop_axes: Vec<String>,
+    /// Axes the kernel combines inside itself: one block spans their dimension.
+    pub whole_axes: BTreeSet<String>,
+    pub folds: Vec<Fold>,
+    pub loads: Vec<Load>,
+    pub stores: Vec<Store>,
+    /// Stored tensors it reads, in first-read order.
+    pub reads: Vec<BufferKey>,
+    pub recomputed: Vec<Recomputed>,
+    /// What it computes, in order, and in which loop.
+    pub steps: Vec<Step>,
+}
+
+/// A parallel axis the function names.
+#[derive(Clone, Debug)]
+pub struct PlannedAxis {
+    pub name: String,
+    /// The dimension it splits (its block size is a schedule parameter), if any.
+    pub splits: Option<DimBase>,
+}
+
+/// A schedule parameter's legal values: powers of two in `min..=max`, or the listed ones.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Range {
+    PowersOfTwo { min: u64, max: u64 },
+    OneOf(Vec<u64>),
+}
+
+/// The parameters a plan leaves open.
+#[derive(Clone, Debug)]
+pub struct ScheduleSpace {
+    /// One block size per axis that splits a dimension.
+    pub block: Vec<(String, Range)>,
+    pub num_warps: Range,
+    pub num_stages: Range,
+}
+
+/// One point of a [`ScheduleSpace`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Schedule {
+    pub block: BTreeMap<String, u64>,
+    pub num_warps: u64,
+    pub num_stages: u64,
+}
+
+/// Block sizes past this make a tile of more elements than Triton allows per block in two
+/// dimensions (2^20), and no GPU has registers for them.
+const MAX_BLOCK: u64 = 1024;
+/// `tl.dot` needs 16 rows, columns and depth.
+const MIN_BLOCK: u64 = 16;
+
+impl Schedule {
+    /// The schedule a host function uses unless told otherwise: blocks of 16, four warps,
+    /// two pipeline stages.
+    pub fn default_for(plan: &KernelPlan) -> Schedule {
+        Schedule {
+            block: plan
+                .axes
+                .iter()
+                .filter(|a| a.splits.is_some())
+                .map(|a| (a.name.clone(), MIN_BLOCK))
+                .collect(),
+            num_warps: 4,
+            num_stages: 2,
+        }
+    }
+}
+
+/// The plan of one function.
+#[derive(Clone, Debug)]
+pub struct KernelPlan<'a> {
+    pub function: &'a Function,
+    pub info: &'a ModuleInfo,
+    pub graph: KernelGraph,
+    /// In launch order.
+    pub kernels: Vec<PlannedKernel>,
+    /// Inputs first, then each kernel's outputs in launch order, a buffer per field.
+    pub buffers: Vec<Buffer>,
+    /// Every parallel axis the function names, by name.
+    pub axes: Vec<PlannedAxis>,
+    pub space: ScheduleSpace,
+}
+
+impl KernelPlan<'_> {
+    pub fn buffer(&self, key: BufferKey) -> Option<&Buffer> {
+        self.buffers.iter().find(|b| b.key == key)
+    }
+
+    /// The dimension each axis splits.
+    pub fn axis_dims(&self) -> BTreeMap<String, DimBase> {
+        self.axes
+            .iter()
+            .filter_map(|a| a.splits.clone().map(|d| (a.name.clone(), d)))
+            .collect()
+    }
+}
+
+/// Plans a verified function, or says what in it cannot be lowered.
+pub fn plan<'a>(info: &'a ModuleInfo, f: &'a Function) -> Result<KernelPlan<'a>, Refusal> {
+    // Triton indexes blocks with 32-bit integers: a literal dimension past that is refused
+    // before any block length is derived from it.
+    for (i, node) in f.body.nodes.iter().enumerate() {
+        let mut stack: Vec<&Type> = node.ty.iter().collect();
+        while let Some(t) = stack.pop() {
+            match t {
+                Type::Tensor(t) => {
+                    if let Some(n) = t.shape.iter().find_map(|d| match d.base {
+                        DimBase::Lit(n) if n > i32::MAX as u64 => Some(n),
+                        _ => None,
+                    }) {
+                        return Err(Refusal {
+                            node: NodeId(i as u32),
+                            reason: format!(
+                                "a literal dimension of {n}, past Triton's 32-bit indices"
+                            ),
+                        });
+                    }
+                }
+                Type::Tuple(ts) => stack.extend(ts),
+            }
+        }
+    }
+    let graph = kernel_graph(f);
+    if !graph.launch_order {
+        return Err(Refusal {
+            node: f.body.results.first().copied().unwrap_or(NodeId(0)),
+            reason: "no launch order: a kernel reads a value it writes itself".into(),
+        });
+    }
+    let body = &f.body;
+    let mut buffers = Vec::new();
+    for (i, p) in body.params.iter().enumerate() {
+        if let Some(Type::Tensor(t)) = body.ty(*p) {
+            buffers.push(Buffer {
+                key: (*p, 0),
+                role: BufferRole::Input(i),
+                shape: t.shape.iter().map(|d| d.base.clone()).collect(),
+                dtype: t.dtype,
+                writer: None,
+            });
+        }
+    }
+    let mut keys: BTreeSet<BufferKey> = body.params.iter().map(|p| (*p, 0)).collect();
+    let axes = planned_axes(f);
+    let mut kernels = Vec::new();
+    for (ki, k) in graph.kernels.iter().enumerate() {
+        for o in &k.outputs {
+            if keys.contains(&(*o, 0)) {
+                continue;
+            }
+            let (fields, _) = field_types(body.ty(*o)).map_err(|m| Refusal {
+                node: *o,
+                reason: format!("a stored value: {m}"),
+            })?;
+            let role = match body.results.iter().position(|r| r == o) {
+                Some(p) => BufferRole::Result(p),
+                None => BufferRole::Intermediate,
+            };
+            for (i, t) in fields.into_iter().enumerate() {
+                keys.insert((*o, i));
+                buffers.push(Buffer {
+                    key: (*o, i),
+                    role,
+                    shape: t.shape.iter().map(|d| d.base.clone()).collect(),
+                    dtype: t.dtype,
+                    writer: Some(ki),
+                });
+            }
+        }
+        let whole = whole_axes(f, k)?;
+        let walked = Walk::new(f, info, &graph, k, &whole, &keys).run()?;
+        kernels.push(planned_kernel(f, info, &graph, k, whole, walked));
+    }
+    let space = ScheduleSpace {
+        block: axes
+            .iter()
+            .filter_map(|a| {
+                let d = a.splits.as_ref()?;
+                let size = match d {
+                    DimBase::Lit(n) => Some(*n),
+                    DimBase::Sym(s) => f
+                        .bindings
+                        .iter()
+                        .find(|b| b.name == s.as_str())
+                        .map(|b| b.value),
+                    DimBase::Extent(_) => None,
+                };
+                let max = size
+                    .map_or(MAX_BLOCK, |n| n.max(1).next_power_of_two())
+                    .clamp(MIN_BLOCK, MAX_BLOCK);
+                Some((
+                    a.name.clone(),
+                    Range::PowersOfTwo {
+                        min: MIN_BLOCK,
+                        max,
+                    },
+                ))
+            })
+            .collect(),
+        num_warps: Range::OneOf(vec![1, 2, 4, 8, 16]),
+        num_stages: Range::OneOf(vec![1, 2, 3, 4, 5]),
+    };
+    Ok(KernelPlan {
+        function: f,
+        info,
+        graph,
+        kernels,
+        buffers,
+        axes,
+        space,
+    })
+}
+
+/// The kernel's folds, loads, stores and recomputed values, from its walk.
+fn planned_kernel(
+    f: &Function,
+    info: &ModuleInfo,
+    g: &KernelGraph,
+    k: &Kernel,
+    whole: BTreeSet<String>,
+    walked: walk::Walked,
+) -> PlannedKernel {
+    let body = &f.body;
+    let grid_axes: Vec<String> = k
+        .grid_axes
+        .iter()
+        .filter(|a| !whole.contains(*a))
+        .cloned()
+        .collect();
+    // The loops open at each step, to place loads and stores.
+    let mut open: Vec<String> = Vec::new();
+    let mut loops_at: Vec<(NodeId, Vec<String>)> = Vec::new();
+    let mut stores = Vec::new();
+    let mut folds = Vec::new();
+    for s in &walked.steps {
+        match s {
+            Step::OpenLoop { axis } => open.push(axis.clone()),
+            Step::OpenElementLoop => open.push(String::new()),
+            Step::CloseLoop { .. } | Step::CloseElementLoop { .. } => {
+                open.pop();
+            }
+            Step::Value { node, level } => {
+                let within = level.map_or(0, |l| l + 1);
+                loops_at.push((*node, open[..within.min(open.len())].to_vec()));
+            }
+            Step::Store { output, level } => {
+                let fields = field_types(body.ty(*output)).map_or(1, |(fs, _)| fs.len());
+                stores.push(Store {
+                    node: *output,
+                    buffers: (0..fields).map(|i| (*output, i)).collect(),
+                    axes: store_axes(body, *output),
+                    in_loop: level.and_then(|l| open.get(l).cloned()),
+                });
+            }
+            Step::FoldInit { fold, .. } => {
+                folds.push(fold_plan(f, info, *fold, &open));
+            }
+            Step::FoldUpdate { .. } => {}
+        }
+    }
+    // Folds over a block dimension are values, not loops.
+    for (n, _) in &loops_at {
+        if let ExprKind::Reduce {
+            over: ReduceOver::Axis(_),
+            reducer,
+            ..
+        } = &body.node(*n).kind
+        {
+            let by_blocks = match reducer {
+                ReducerRef::Builtin(_) => true,
+                ReducerRef::User(r) => info.reducer(r).is_some_and(|d| d.as_product().is_some()),
+            };
+            if by_blocks && !folds.iter().any(|x: &Fold| x.node == *n) {
+                folds.push(Fold {
+                    node: *n,
+                    kind: FoldKind::Block,
+                    axis: None,
+                });
+            }
+        }
+    }
+    let mut loads = Vec::new();
+    let mut recomputed = Vec::new();
+    for (n, loops) in &loops_at {
+        let ty = body.ty(*n);
+        let along: Vec<String> = grid_axes
+            .iter()
+            .filter(|a| !varies_along(ty, a))
+            .cloned()
+            .collect();
+        let base = match g.load_base[n.index()] {
+            Some(b) if !g.constant[b.index()] => Some(b),
+            Some(_) => None,
+            None if !k.nodes.contains(n) && !tiled(ty) && !g.constant[n.index()] => Some(*n),
+            None => None,
+        };
+        match base {
+            Some(b) => {
+                let fields = field_types(ty).map(|(fs, _)| fs).unwrap_or_default();
+                for (i, t) in fields.iter().enumerate() {
+                    loads.push(Load {
+                        node: *n,
+                        buffer: (b, i),
+                        blocks: walk::blocks(t, &whole),
+                        per_iteration_of: loops.iter().filter(|a| !a.is_empty()).cloned().collect(),
+                        shared_along: along.clone(),
+                    });
+                }
+            }
+            None if !along.is_empty() && !g.constant[n.index()] => {
+                recomputed.push(Recomputed { node: *n, along })
+            }
+            None => {}
+        }
+    }
+    PlannedKernel {
+        kernel: k.clone(),
+        grid_axes,
+        loop_axes: k.loop_axes.clone(),
+        whole_axes: whole,
+        folds,
+        loads,
+        stores,
+        reads: walked.reads,
+        recomputed,
+        steps: walked.steps,
+    }
+}
+
+fn fold_plan(f: &Function, info: &ModuleInfo, n: NodeId, open: &[String]) -> Fold {
+    let body = &f.body;
+    let (kind, axis) = match &body.node(n).kind {
+        ExprKind::Reduce {
+            over: ReduceOver::Parallel(a),
+            ..
+        } => (FoldKind::Loop, Some(a.to_string())),
+        _ => match super::collection_fold_axis(body, n) {
+            Some(a) => (FoldKind::Collection, Some(a.to_string())),
+            None => {
+                let user = matches!(&body.node(n).kind,
+                    ExprKind::Reduce { reducer: ReducerRef::User(r), .. }
+                        if info.reducer(r).is_some_and(|d| d.as_product().is_none()));
+                match &body.node(n).kind {
+                    ExprKind::Reduce { input, .. }
+                        if user && matches!(body.node(*input).kind, ExprKind::Collection(..)) =>
+                    {
+                        let a = match &body.node(*input).kind {
+                            ExprKind::Collection(a, _) => Some(a.to_string()),
+                            _ => None,
+                        };
+                        // A stack fold loops over the stack's axis when no loop over it is
+                        // open already; otherwise the stack is a block of this kernel.
+                        let stacked = a.as_ref().is_some_and(|a| !open.contains(a));
+                        if stacked {
+                            (FoldKind::Stack, a)
+                        } else {
+                            (FoldKind::Sequential, None)
+                        }
+                    }
+                    _ => (FoldKind::Sequential, None),
+                }
+            }
+        },
+    };
+    Fold {
+        node: n,
+        kind,
+        axis,
+    }
+}
+
+/// Every parallel axis the function names (views, stores, folds, collection extents), with
+/// the dimension the first view along it splits.
+fn planned_axes(f: &Function) -> Vec<PlannedAxis> {
+    let mut names = BTreeSet::new();
+    let mut splits: BTreeMap<String, DimBase> = BTreeMap::new();
+    for n in &f.body.nodes {
+        let mut stack: Vec<&Type> = n.ty.iter().collect();
+        while let Some(t) = stack.pop() {
+            match t {
+                Type::Tensor(t) => {
+                    names.extend(t.par.axes().map(|a| a.to_string()));
+                    for d in &t.shape {
+                        if let DimBase::Extent(a) = &d.base {
+                            names.insert(a.to_string());
+                        }
+                    }
+                }
+                Type::Tuple(ts) => stack.extend(ts),
+            }
+        }
+        match &n.kind {
+            ExprKind::Reduce {
+                over: ReduceOver::Parallel(a),
+                ..
+            } => {
+                names.insert(a.to_string());
+            }
+            ExprKind::Partition(d, a, x) => {
+                if let Some(Type::Tensor(t)) = f.body.ty(*x) {
+                    if let Ok(i) = resolve_dim(&t.shape, d) {
+                        splits
+                            .entry(a.to_string())
+                            .or_insert(t.shape[i].base.clone());
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    names
+        .into_iter()
+        .map(|name| PlannedAxis {
+            splits: splits.get(&name).cloned(),
+            name,
+        })
+        .collect()
+}
+
+/// Axes combined inside kernel `k` (a `combination` whose result is still tiled). The kernel
+/// computes all their tiles at once, as one block spanning the dimension: the same value as
+/// long as nothing between the views and the combination depends on the tiling. Reductions
+/// and product contractions across the split dimension cannot occur there (the verifier
+/// types their results partial, which no combination accepts); a fold or collection over the
+/// axis, a reshape or broadcast of its tiles, or a dimension split twice is refused.
+fn whole_axes(f: &Function, k: &Kernel) -> Result<BTreeSet<String>, Refusal> {
+    let body = &f.body;
+    let mut whole = BTreeSet::new();
+    for id in &k.nodes {
+        if let ExprKind::Combination(_, a, _) = &body.node(*id).kind {
+            if tiled(body.ty(*id)) {
+                whole.insert(a.to_string());
+            }
+        }
+    }
+    for id in &k.nodes {
+        let node = body.node(*id);
+        for a in &whole {
+            let over_axis = match &node.kind {
+                ExprKind::Reduce {
+                    over: ReduceOver::Parallel(p),
+                    ..
+                }
+                | ExprKind::Collection(p, _) => p == a,
+                ExprKind::Reshape(..) | ExprKind::Broadcast(..) => has_axis(node.ty.as_ref(), a),
+                _ => false,
+            };
+            let split_twice = match node.ty.as_ref() {
+                Some(Type::Tensor(t)) => t
+                    .shape
+                    .iter()
+                    .any(|d| d.splits.len() > 1 && d.splits.iter().any(|s| s == a)),
+                _ => false,
+            };
+            if over_axis || split_twice {
+                return Err(Refusal {
+                    node: *id,
+                    reason: format!(
+                        "work across the tiles of axis `{a}`, which the kernel combines inside itself, is not lowered yet"
+                    ),
+                });
+            }
+        }
+    }
+    Ok(whole)
+}
+
+fn has_axis(t: Option<&Type>, a: &str) -> bool {
+    match t {
+        Some(Type::Tensor(t)) => t.par.0.contains_key(a),
+        Some(Type::Tuple(ts)) => ts.iter().any(|t| has_axis(Some(t), a)),
+        None => false,
+    }
+}
