@@ -297,8 +297,10 @@ pub fn plan<'a>(info: &'a ModuleInfo, f: &'a Function) -> Result<KernelPlan<'a>,
                         .map(|b| b.value),
                     DimBase::Extent(_) => None,
                 };
+                // A size past 2^63 has no next power of two: it is past MAX_BLOCK anyway.
                 let max = size
-                    .map_or(MAX_BLOCK, |n| n.max(1).next_power_of_two())
+                    .and_then(|n| n.max(1).checked_next_power_of_two())
+                    .unwrap_or(MAX_BLOCK)
                     .clamp(MIN_BLOCK, MAX_BLOCK);
                 Some((
                     a.name.clone(),
@@ -343,7 +345,7 @@ fn planned_kernel(
     let mut open: Vec<String> = Vec::new();
     let mut loops_at: Vec<(NodeId, Vec<String>)> = Vec::new();
     let mut stores = Vec::new();
-    let mut folds = Vec::new();
+    let mut folds = walked.folds.clone();
     for s in &walked.steps {
         match s {
             Step::OpenLoop { axis } => open.push(axis.clone()),
@@ -364,10 +366,7 @@ fn planned_kernel(
                     in_loop: level.and_then(|l| open.get(l).cloned()),
                 });
             }
-            Step::FoldInit { fold, .. } => {
-                folds.push(fold_plan(f, info, *fold, &open));
-            }
-            Step::FoldUpdate { .. } => {}
+            Step::FoldInit { .. } | Step::FoldUpdate { .. } => {}
         }
     }
     // Folds over a block dimension are values, not loops.
@@ -436,48 +435,6 @@ fn planned_kernel(
         reads: walked.reads,
         recomputed,
         steps: walked.steps,
-    }
-}
-
-fn fold_plan(f: &Function, info: &ModuleInfo, n: NodeId, open: &[String]) -> Fold {
-    let body = &f.body;
-    let (kind, axis) = match &body.node(n).kind {
-        ExprKind::Reduce {
-            over: ReduceOver::Parallel(a),
-            ..
-        } => (FoldKind::Loop, Some(a.to_string())),
-        _ => match super::collection_fold_axis(body, n) {
-            Some(a) => (FoldKind::Collection, Some(a.to_string())),
-            None => {
-                let user = matches!(&body.node(n).kind,
-                    ExprKind::Reduce { reducer: ReducerRef::User(r), .. }
-                        if info.reducer(r).is_some_and(|d| d.as_product().is_none()));
-                match &body.node(n).kind {
-                    ExprKind::Reduce { input, .. }
-                        if user && matches!(body.node(*input).kind, ExprKind::Collection(..)) =>
-                    {
-                        let a = match &body.node(*input).kind {
-                            ExprKind::Collection(a, _) => Some(a.to_string()),
-                            _ => None,
-                        };
-                        // A stack fold loops over the stack's axis when no loop over it is
-                        // open already; otherwise the stack is a block of this kernel.
-                        let stacked = a.as_ref().is_some_and(|a| !open.contains(a));
-                        if stacked {
-                            (FoldKind::Stack, a)
-                        } else {
-                            (FoldKind::Sequential, None)
-                        }
-                    }
-                    _ => (FoldKind::Sequential, None),
-                }
-            }
-        },
-    };
-    Fold {
-        node: n,
-        kind,
-        axis,
     }
 }
 

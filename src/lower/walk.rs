@@ -15,7 +15,7 @@
 //! stored along a loop axis that no fold opens, …). The Triton writer follows the same order;
 //! `tests/kernel_plan.rs` checks that the steps it writes are these.
 
-use super::plan::{BufferKey, Refusal};
+use super::plan::{BufferKey, Fold, FoldKind, Refusal};
 use super::{collection_fold_axis, stack_of, store_axes, stored_after_fold, tiled, KernelGraph};
 use crate::ir::*;
 use crate::verify::ModuleInfo;
@@ -53,6 +53,8 @@ pub struct Walked {
     pub steps: Vec<Step>,
     /// Stored tensors the kernel reads, in the order it first reads them.
     pub reads: Vec<BufferKey>,
+    /// The folds that loop (over tiles, elements or stack entries), as the walk met them.
+    pub folds: Vec<Fold>,
 }
 
 struct Loop {
@@ -487,6 +489,11 @@ impl<'a> Walk<'a> {
         for m in &group {
             if let ExprKind::Reduce { reducer, .. } = &body.node(*m).kind {
                 self.fold_init(level, *m, reducer)?;
+                self.out.folds.push(Fold {
+                    node: *m,
+                    kind: FoldKind::Loop,
+                    axis: Some(a.clone()),
+                });
             }
         }
         self.open_loop(&a);
@@ -601,6 +608,11 @@ impl<'a> Walk<'a> {
         }
         self.outside_operands(x, &a)?;
         self.fold_init(level, id, reducer)?;
+        self.out.folds.push(Fold {
+            node: id,
+            kind: FoldKind::Collection,
+            axis: Some(a.clone()),
+        });
         self.open_loop(&a);
         self.value(x)?;
         match reducer {
@@ -663,6 +675,11 @@ impl<'a> Walk<'a> {
         }
         let level = self.level_of(id);
         self.fold_init(level, id, &reducer)?;
+        self.out.folds.push(Fold {
+            node: id,
+            kind: FoldKind::Sequential,
+            axis: None,
+        });
         self.open_element_loop();
         self.out.steps.push(Step::FoldUpdate { fold: id });
         self.close_element_loop(level);
@@ -681,6 +698,11 @@ impl<'a> Walk<'a> {
         let (types, is_tuple) = field_types(self.f.body.ty(stack)).or_else(|m| refuse(id, m))?;
         let level = self.level_of(id);
         self.fold_init(level, id, reducer)?;
+        self.out.folds.push(Fold {
+            node: id,
+            kind: FoldKind::Stack,
+            axis: Some(a.clone()),
+        });
         // Offsets along `a` are defined inside this loop only.
         let a_read_before = self.tile_axes_used.contains(&a);
         self.open_element_loop();

@@ -355,7 +355,7 @@ impl Pass for TritonCheckPass {
         }
         cx.report.push(format!(
             "// triton-check: {} function(s) lowered, {not_lowered} not lowered, {} checked, {passed} run(s) ok, {failed} failed, {compiled} kernel compilation(s) for [{}], {:.2} s",
-            lowered.len(),
+            lowered_count,
             chosen.len(),
             self.compile.join(", "),
             start.elapsed().as_secs_f64()

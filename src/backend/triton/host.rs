@@ -50,7 +50,6 @@ pub fn emit_function(
     let mut host = String::new();
     let mut launches = Vec::new();
     let mut allocs = Vec::new();
-    let mut steps = Vec::new();
     for (ki, pk) in plan.kernels.iter().enumerate() {
         for b in plan.buffers.iter().filter(|b| b.writer == Some(ki)) {
             let n = host_names.fresh(&match b.role {
@@ -69,8 +68,7 @@ pub fn emit_function(
             buffer.insert(b.key, n);
         }
         let kname = names.fresh(&format!("{fname}_k{ki}"));
-        let (src, args, grid, trace) = emit_kernel(&ctx, pk, &kname, &buffer)?;
-        steps.push(trace);
+        let (src, args, grid) = emit_kernel(&ctx, pk, &kname, &buffer)?;
         source.push_str(&src);
         launches.push(format!(
             "    {kname}[({grid},)]({}, num_warps=sched[\"num_warps\"], num_stages=sched[\"num_stages\"])\n",
@@ -164,6 +162,5 @@ pub fn emit_function(
         source,
         host,
         uses_product: ctx.uses_product.get(),
-        steps,
     })
 }

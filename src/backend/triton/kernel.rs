@@ -1,13 +1,14 @@
 //! A kernel's body: its signature, grid coordinates, values, loads and stores, written in
 //! the plan's order.
 
+use super::folds::FoldRun;
 use super::names::{base_text, dtype_tl, float_lit, ident, namer, p2_name};
 use super::Ctx;
 use crate::ir::print::Namer;
 use crate::ir::*;
-use crate::lower::plan::{BufferKey, PlannedKernel};
+use crate::lower::plan::{BufferKey, FoldKind, PlannedKernel};
 use crate::lower::walk::{field_types, stored_tile, varies_along, Step};
-use crate::lower::{store_axes, stored_after_fold, tiled, Kernel};
+use crate::lower::{store_axes, tiled, Kernel};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write;
 
@@ -109,7 +110,6 @@ pub(super) struct KernelEmitter<'c, 'a> {
     pub(super) ptr: BTreeMap<BufferKey, String>,
     pub(super) buffer: &'c HashMap<BufferKey, String>,
     pub(super) in_kernel: BTreeSet<NodeId>,
-    pub(super) folds_done: BTreeSet<NodeId>,
     /// Outputs already stored (a store along a loop axis is written inside that loop).
     pub(super) stored: BTreeSet<NodeId>,
     /// Collection folds done, by node: their result is computed before any loop over their
@@ -119,18 +119,23 @@ pub(super) struct KernelEmitter<'c, 'a> {
     pub(super) whole: BTreeSet<String>,
     /// Operand dtypes of the matrix product being emitted (unknown in reducer bodies: f32).
     pub(super) dot_dtypes: Option<(DType, DType)>,
-    /// Values being computed: a value asked for again while it is (a fold whose operands
-    /// outside its loop read the fold) is refused instead of recursing without end.
-    pub(super) computing: BTreeSet<NodeId>,
     /// Axes whose tile offsets (`o_<axis>`) a block of this kernel used: each must be one
     /// the kernel defines (a grid or loop axis), else the code reads an undefined name.
     pub(super) tile_axes_used: std::cell::RefCell<BTreeSet<String>>,
-    /// The steps written so far (the plan's, in a correct writer).
-    pub(super) steps: Vec<Step>,
+    /// How the plan folds each fold that loops.
+    pub(super) fold_kind: HashMap<NodeId, FoldKind>,
+    /// Folds initialised and not finished, with their state.
+    pub(super) folds: HashMap<NodeId, FoldRun>,
+    /// Folds initialised since the last loop opened: the next loop is theirs.
+    pub(super) recent_inits: Vec<NodeId>,
+    /// The folds of each open loop, outermost first.
+    pub(super) loop_groups: Vec<Vec<NodeId>>,
+    /// Results of finished folds, until their `Value` step.
+    pub(super) fold_results: HashMap<NodeId, Val>,
 }
 
-/// A kernel's text, its launch arguments, its grid and the steps it wrote.
-pub(super) type KernelText = (String, Vec<String>, String, Vec<Step>);
+/// A kernel's text, its launch arguments and its grid.
+pub(super) type KernelText = (String, Vec<String>, String);
 
 pub(super) fn emit_kernel(
     ctx: &Ctx,
@@ -149,14 +154,22 @@ pub(super) fn emit_kernel(
         ptr: BTreeMap::new(),
         buffer,
         in_kernel: k.nodes.iter().copied().collect(),
-        folds_done: BTreeSet::new(),
         stored: BTreeSet::new(),
         collection_folds: HashMap::new(),
         whole: pk.whole_axes.clone(),
         dot_dtypes: None,
-        computing: BTreeSet::new(),
         tile_axes_used: Default::default(),
-        steps: Vec::new(),
+        // Block folds are operators (`tl.sum` and kin); the others loop.
+        fold_kind: pk
+            .folds
+            .iter()
+            .filter(|f| f.kind != FoldKind::Block)
+            .map(|f| (f.node, f.kind))
+            .collect(),
+        folds: HashMap::new(),
+        recent_inits: Vec::new(),
+        loop_groups: Vec::new(),
+        fold_results: HashMap::new(),
     };
     for b in &ctx.f.bindings {
         e.names.reserve(&b.name);
@@ -180,18 +193,12 @@ pub(super) fn emit_kernel(
         e.outer.push(format!("pid = pid // EXT_{a}"));
         e.axis_offsets_from(a, &coord, None);
     }
-    // Stores along a loop axis happen inside that loop, when it closes; the others first,
-    // as they open the loops.
-    let (along_loop, plain): (Vec<NodeId>, Vec<NodeId>) = k.outputs.iter().partition(|o| {
-        store_axes(&ctx.f.body, **o)
-            .iter()
-            .any(|a| k.loop_axes.contains(a) && !e.after_fold(**o, a))
-    });
-    for o in plain {
-        e.store(o)?;
+    // The body, in the plan's order.
+    for s in &pk.steps {
+        e.step(s)?;
     }
-    if let Some(o) = along_loop.into_iter().find(|o| !e.stored.contains(o)) {
-        return Err((o, "a store along a loop axis that no fold opens".into()));
+    if let Some(o) = k.outputs.iter().find(|o| !e.stored.contains(o)) {
+        return Err((*o, "an output the plan does not store".into()));
     }
     // A stored stack of tiles read back where its tiles' axis is neither on the grid nor
     // looped over (a tensor-level fold of `collection[k](…)` tiles): where each tile's
@@ -272,7 +279,7 @@ pub(super) fn emit_kernel(
             .collect::<Vec<_>>()
             .join(" * ")
     };
-    Ok((src, args, grid, e.steps))
+    Ok((src, args, grid))
 }
 
 impl KernelEmitter<'_, '_> {
@@ -349,13 +356,6 @@ impl KernelEmitter<'_, '_> {
         } else {
             format!("c_{a}")
         }
-    }
-
-    /// Whether output `o` is stored along `a` after the fold over `a` whose result it reads
-    /// (`a` is then a grid axis as well as a loop axis).
-    pub(super) fn after_fold(&self, o: NodeId, a: &str) -> bool {
-        let kernel: BTreeSet<NodeId> = self.kernel.nodes.iter().copied().collect();
-        stored_after_fold(&self.ctx.f.body, o, a, &kernel)
     }
 
     pub(super) fn dims_of(&self, t: &TensorType) -> Vec<BlockDim> {
@@ -452,23 +452,35 @@ impl KernelEmitter<'_, '_> {
         Ok(terms.join(" + "))
     }
 
-    /// A value: loads, constants, operators; folds open loops.
-    pub(super) fn value(&mut self, id: NodeId) -> Result<Val, (NodeId, String)> {
-        let level = self.level_of(id);
-        if let Some(v) = self.memo_at(level).get(&id) {
-            return Ok(v.clone());
+    /// Writes one step of the plan.
+    pub(super) fn step(&mut self, s: &Step) -> Result<(), (NodeId, String)> {
+        match s {
+            Step::Value { node, level } => self.value_step(*node, *level),
+            Step::FoldInit { fold, level } => self.fold_init(*fold, *level),
+            Step::OpenLoop { axis } => {
+                self.open_loop(axis);
+                Ok(())
+            }
+            Step::FoldUpdate { fold } => self.fold_update(*fold),
+            Step::CloseLoop { axis, level } => self.close_loop(axis, *level),
+            Step::OpenElementLoop => self.open_element_loop(),
+            Step::CloseElementLoop { level } => self.close_element_loop(*level),
+            Step::Store { output, .. } => self.store(*output),
         }
-        if !self.computing.insert(id) {
-            return Err((
-                id,
-                "a value its own computation reads (a fold whose operands outside its loop read the fold)".into(),
-            ));
-        }
-        let v = self.compute(id);
-        self.computing.remove(&id);
-        let v = v?;
-        // Computing may open and close loops, never the ones this value lives in.
+    }
+
+    /// A value the plan computed earlier, where it lives now.
+    pub(super) fn lookup(&mut self, id: NodeId) -> Result<Val, (NodeId, String)> {
         let level = self.level_of(id);
+        self.memo_at(level).get(&id).cloned().ok_or((
+            id,
+            "a value the plan does not compute before its use".into(),
+        ))
+    }
+
+    /// A `Value` step: the value computed, named when it is not a name already, at `level`.
+    fn value_step(&mut self, id: NodeId, level: Option<usize>) -> Result<(), (NodeId, String)> {
+        let v = self.compute(id)?;
         let v = match v {
             Val::Tile { expr, dims } if !is_simple(&expr) => {
                 let name = self.f_name(id);
@@ -477,9 +489,8 @@ impl KernelEmitter<'_, '_> {
             }
             other => other,
         };
-        self.memo_at(level).insert(id, v.clone());
-        self.steps.push(Step::Value { node: id, level });
-        Ok(v)
+        self.memo_at(level).insert(id, v);
+        Ok(())
     }
 
     pub(super) fn f_name(&mut self, id: NodeId) -> String {
@@ -531,7 +542,7 @@ impl KernelEmitter<'_, '_> {
                     return Err(err("a view of a tuple"));
                 };
                 let dims = self.dims_of(t);
-                let v = self.value(*x)?;
+                let v = self.lookup(*x)?;
                 let (expr, _) = v.tile().map_err(|m| (id, m))?;
                 return Ok(Val::Tile {
                     expr: expr.to_string(),
@@ -541,38 +552,17 @@ impl KernelEmitter<'_, '_> {
         }
         // A replicated tile computed in the kernel is the same block at every coordinate.
         if let ExprKind::Replicate(_, x) = &node.kind {
-            return self.value(*x);
+            return self.lookup(*x);
         }
-        if let ExprKind::Reduce {
-            over: ReduceOver::Parallel(a),
-            ..
-        } = &node.kind
-        {
-            if self.inner.iter().any(|l| &l.axis == a) {
-                return Err(err("a fold over an axis whose loop is open"));
-            }
-            if !self.kernel.loop_axes.contains(&a.to_string()) {
-                return Err(err("a fold over an axis that is not a loop axis"));
-            }
-            return self.fold_group(id, a.to_string());
-        }
-        if let Some(a) = crate::lower::collection_fold_axis(body, id) {
-            return self.collection_fold(id, a.to_string());
-        }
-        if let ExprKind::Reduce {
-            over: ReduceOver::Axis(_),
-            reducer: ReducerRef::User(r),
-            ..
-        } = &node.kind
-        {
-            let def = self.ctx.info.reducer(r);
-            if def.is_some_and(|d| d.as_product().is_none()) {
-                return self.sequential_fold(id);
-            }
+        // A fold that loops: its loop is closed, its state is the value.
+        if self.fold_kind.contains_key(&id) {
+            return self
+                .fold_value(id)?
+                .ok_or((id, "a fold the plan does not finish before its use".into()));
         }
         let mut vals = Vec::new();
         for o in &ops {
-            vals.push(self.value(*o)?);
+            vals.push(self.lookup(*o)?);
         }
         let ty = node.ty.clone();
         let annot = node.annot.clone();
@@ -749,7 +739,7 @@ impl KernelEmitter<'_, '_> {
         let (fields, is_tuple) =
             field_types(node.ty.as_ref()).map_err(|m| (o, format!("a stored value: {m}")))?;
         let (cur, leading) = stored_tile(body, o);
-        let v = self.value(cur)?;
+        let v = self.lookup(cur)?;
         let vals = match v {
             Val::Tuple(vs) if is_tuple => vs,
             Val::Tile { .. } if !is_tuple => vec![v],
@@ -802,7 +792,6 @@ impl KernelEmitter<'_, '_> {
                 None => self.line_at(level, format!("tl.store({addr}, {value})")),
             }
         }
-        self.steps.push(Step::Store { output: o, level });
         Ok(())
     }
 }

@@ -27,7 +27,6 @@ pub use names::dtype_host;
 
 use crate::ir::*;
 use crate::lower::plan::{KernelPlan, Schedule};
-use crate::lower::walk::Step;
 use crate::lower::KernelGraph;
 use crate::verify::ModuleInfo;
 use names::{namer, PRODUCT_COMBINE};
@@ -52,8 +51,6 @@ pub struct Emitted {
     pub host: String,
     /// Whether a kernel calls `PRODUCT_COMBINE`, which the module must then define.
     pub uses_product: bool,
-    /// Per kernel, the steps written, in order: the plan's (`tests/kernel_plan.rs`).
-    pub steps: Vec<Vec<Step>>,
 }
 
 pub(super) struct Ctx<'a> {
