@@ -284,7 +284,7 @@ pub struct Extractor {
     pub hole_context: HoleContext,
     /// Prune partial programs that no completion gives a launch order (on by default; off
     /// only to show, in tests, that it loses no candidate).
-    pub prune_no_launch_order: bool,
+    pub prune_without_launch_order: bool,
     /// Prune partial programs with a tuple reduction one of whose components no completion
     /// reads (`dead_component`; on by default, off only to show in tests that it loses no
     /// candidate). Complete programs are refused for it either way.
@@ -355,7 +355,7 @@ impl Default for Extractor {
             max_kernels: None,
             lowerable: None,
             hole_context: HoleContext::Forms,
-            prune_no_launch_order: true,
+            prune_without_launch_order: true,
             prune_dead_components: true,
             unit_propagation: true,
             skip_operand_swaps: true,
@@ -418,8 +418,10 @@ impl Extractor {
         self
     }
 
-    pub fn with_no_launch_order_pruning(mut self, on: bool) -> Self {
-        self.prune_no_launch_order = on;
+    /// Whether partial programs that no completion gives a launch order are pruned (on by
+    /// default; `false` only to show, in tests, that the pruning loses no candidate).
+    pub fn with_launch_order_pruning(mut self, on: bool) -> Self {
+        self.prune_without_launch_order = on;
         self
     }
 
@@ -783,7 +785,8 @@ impl Extractor {
                     launch_order_impossible(&kv, &picks, launch_scratch)
                 }
             };
-            if self.prune_no_launch_order && !holes.is_empty() && no_order(&mut launch_scratch) {
+            if self.prune_without_launch_order && !holes.is_empty() && no_order(&mut launch_scratch)
+            {
                 no_launch_order += 1;
                 continue;
             }
@@ -809,7 +812,7 @@ impl Extractor {
             let Some(h) = hole else {
                 // The partial test is exact enough to refuse most such programs before they
                 // are rebuilt as functions; `rebuilt` decides the rest.
-                let launch_order = !self.prune_no_launch_order
+                let launch_order = !self.prune_without_launch_order
                     || !launch_order_impossible(&kv, &picks, &mut launch_scratch);
                 if let Some(q) = queue.as_mut() {
                     if !launch_order {
