@@ -1,6 +1,6 @@
 //! The syntax tree the grammar produces. The tree is close to the text; name
 //! resolution, operator arity and attribute checking happen when it is built into the IR
-//! ([`super::build`]), where errors can point at precise spans.
+//! (`super::build`), where errors can point at precise spans.
 
 use crate::ir::Dim;
 
