@@ -536,9 +536,9 @@ fn naming_only_readable_classes_in_the_hole_context_loses_no_class() {
 fn pruning_partial_programs_without_launch_order_loses_no_class() {
     same_classes_no_more_work([
         ("pruning", |e| e),
-        ("not pruning", |e| e.with_no_launch_order_pruning(false)),
+        ("not pruning", |e| e.with_launch_order_pruning(false)),
     ]);
-    let [with, without] = default_and("ngpt", |e| e.with_no_launch_order_pruning(false));
+    let [with, without] = default_and("ngpt", |e| e.with_launch_order_pruning(false));
     assert!(without.rejected > 0, "nGPT no longer has such programs");
     assert!(with.no_launch_order > 0 && with.rejected < without.rejected);
 }

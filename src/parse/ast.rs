@@ -1,77 +1,8 @@
-//! Tokens and the syntax tree the grammar produces. The tree is close to the text; name
+//! The syntax tree the grammar produces. The tree is close to the text; name
 //! resolution, operator arity and attribute checking happen when it is built into the IR
-//! ([`super::build`]), where errors can point at precise spans.
+//! (`super::build`), where errors can point at precise spans.
 
 use crate::ir::Dim;
-use logos::Logos;
-
-#[derive(Logos, Clone, Debug, PartialEq)]
-#[logos(skip r"[ \t\r\f]+")]
-#[logos(skip(r"//[^\n]*", allow_greedy = true))]
-pub enum Tok {
-    #[token("\n")]
-    Newline,
-    #[token("func")]
-    KwFunc,
-    #[token("where")]
-    KwWhere,
-    #[token("reducer")]
-    KwReducer,
-    #[token("return")]
-    KwReturn,
-    #[token("input")]
-    KwInput,
-    #[token("constant")]
-    KwConstant,
-    #[token("reduce")]
-    KwReduce,
-    #[token("tensor")]
-    KwTensor,
-    #[regex(r"[a-zA-Z_][a-zA-Z0-9_]*(\.[a-zA-Z0-9_]+)*", |lex| lex.slice().to_string())]
-    Ident(String),
-    #[regex(r"@[a-zA-Z_][a-zA-Z0-9_.]*", |lex| lex.slice()[1..].to_string())]
-    ReducerName(String),
-    #[regex(r"%[0-9]+", |lex| lex.slice()[1..].to_string())]
-    ClassRef(String),
-    #[regex(r"[0-9]+", |lex| lex.slice().to_string())]
-    Int(String),
-    #[regex(r"[0-9]+\.[0-9]*([eE][+-]?[0-9]+)?|[0-9]+[eE][+-]?[0-9]+", |lex| lex.slice().to_string())]
-    Float(String),
-    #[token("(")]
-    LParen,
-    #[token(")")]
-    RParen,
-    #[token("[")]
-    LBracket,
-    #[token("]")]
-    RBracket,
-    #[token("{")]
-    LBrace,
-    #[token("}")]
-    RBrace,
-    #[token("<")]
-    Lt,
-    #[token(">")]
-    Gt,
-    #[token(",")]
-    Comma,
-    #[token(":")]
-    Colon,
-    #[token("=")]
-    Eq,
-    #[token("+")]
-    Plus,
-    #[token("-")]
-    Minus,
-    #[token("*")]
-    Star,
-    #[token("/")]
-    Slash,
-    #[token("|")]
-    Pipe,
-    /// Produced by the lexer wrapper, never by logos directly.
-    Shape(Vec<Dim>),
-}
 
 pub type Loc = (usize, usize);
 

@@ -6,9 +6,78 @@
 //!   `tensor<`, `reshape[` or `broadcast[`, because `x` separates dimensions there;
 //! - bracket nesting is bounded, so no input can overflow the parser's or printer's stack.
 
-use super::ast::Tok;
 use crate::ir::{Dim, DimBase};
 use logos::Logos;
+
+/// A token as logos scans it (`Shape` comes from the wrapper); the grammar declares these
+/// as its terminals (`extern` in `grammar.lalrpop`).
+#[derive(Logos, Clone, Debug, PartialEq)]
+#[logos(skip r"[ \t\r\f]+")]
+#[logos(skip(r"//[^\n]*", allow_greedy = true))]
+pub enum Tok {
+    #[token("\n")]
+    Newline,
+    #[token("func")]
+    KwFunc,
+    #[token("where")]
+    KwWhere,
+    #[token("reducer")]
+    KwReducer,
+    #[token("return")]
+    KwReturn,
+    #[token("input")]
+    KwInput,
+    #[token("constant")]
+    KwConstant,
+    #[token("reduce")]
+    KwReduce,
+    #[token("tensor")]
+    KwTensor,
+    #[regex(r"[a-zA-Z_][a-zA-Z0-9_]*(\.[a-zA-Z0-9_]+)*", |lex| lex.slice().to_string())]
+    Ident(String),
+    #[regex(r"@[a-zA-Z_][a-zA-Z0-9_.]*", |lex| lex.slice()[1..].to_string())]
+    ReducerName(String),
+    #[regex(r"%[0-9]+", |lex| lex.slice()[1..].to_string())]
+    ClassRef(String),
+    #[regex(r"[0-9]+", |lex| lex.slice().to_string())]
+    Int(String),
+    #[regex(r"[0-9]+\.[0-9]*([eE][+-]?[0-9]+)?|[0-9]+[eE][+-]?[0-9]+", |lex| lex.slice().to_string())]
+    Float(String),
+    #[token("(")]
+    LParen,
+    #[token(")")]
+    RParen,
+    #[token("[")]
+    LBracket,
+    #[token("]")]
+    RBracket,
+    #[token("{")]
+    LBrace,
+    #[token("}")]
+    RBrace,
+    #[token("<")]
+    Lt,
+    #[token(">")]
+    Gt,
+    #[token(",")]
+    Comma,
+    #[token(":")]
+    Colon,
+    #[token("=")]
+    Eq,
+    #[token("+")]
+    Plus,
+    #[token("-")]
+    Minus,
+    #[token("*")]
+    Star,
+    #[token("/")]
+    Slash,
+    #[token("|")]
+    Pipe,
+    /// Produced by the lexer wrapper, never by logos directly.
+    Shape(Vec<Dim>),
+}
 
 /// Bracket nesting deeper than this is rejected before parsing.
 pub const MAX_NESTING: usize = 128;

@@ -42,8 +42,8 @@ pub fn parse_module(text: &str, source: u32) -> Result<Module, Vec<Diagnostic>> 
     build::build_module(&items, source)
 }
 
-fn token_text(tok: &ast::Tok) -> String {
-    use ast::Tok;
+fn token_text(tok: &lexer::Tok) -> String {
+    use lexer::Tok;
     match tok {
         Tok::Newline => "end of line".into(),
         Tok::Ident(s) => format!("identifier `{s}`"),
@@ -55,8 +55,8 @@ fn token_text(tok: &ast::Tok) -> String {
     }
 }
 
-fn punct_text(tok: &ast::Tok) -> &'static str {
-    use ast::Tok::*;
+fn punct_text(tok: &lexer::Tok) -> &'static str {
+    use lexer::Tok::*;
     match tok {
         KwFunc => "func",
         KwWhere => "where",
@@ -111,7 +111,7 @@ fn expected_list(expected: &[String]) -> String {
 }
 
 fn syntax_error(
-    err: ParseError<usize, ast::Tok, lexer::LexError>,
+    err: ParseError<usize, lexer::Tok, lexer::LexError>,
     text: &str,
     source: u32,
 ) -> Diagnostic {
@@ -155,8 +155,8 @@ fn syntax_error(
     }
 }
 
-fn syntax_hint(tok: &ast::Tok, expected: &[String]) -> Option<String> {
-    use ast::Tok;
+fn syntax_hint(tok: &lexer::Tok, expected: &[String]) -> Option<String> {
+    use lexer::Tok;
     let expects = |s: &str| expected.iter().any(|e| e.trim_matches('"') == s);
     match tok {
         Tok::Newline if expects(")") || expects("]") => {

@@ -1,7 +1,12 @@
 //! Canonical forms of partial programs (≈ₚ): interned keys, commutative operands sorted, view
 //! chains as sets, and the walk that computes them.
 
-use super::*;
+use super::extract_graph::ExtractGraph;
+use super::{Choice, NONE};
+use crate::egraph::lang::{ENode, Op};
+use crate::ir::{BinaryOp, DType, Sym, Type};
+use crate::lower::tiled;
+use rustc_hash::FxHashMap;
 
 /// A canonical term: holes by class, commutative operands sorted, view chains as sets.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

@@ -1,6 +1,10 @@
 //! The hole context: what ≈ₚ compares besides canonical forms.
 
-use super::*;
+use super::canon::is_view;
+use super::kernels::{find_root, KernelView, LaunchScratch, Load};
+use super::reach::{class_tiled, has};
+use super::{HoleContext, NONE};
+use rustc_hash::{FxHashMap, FxHashSet};
 
 /// What a partial program fixes, beyond its canonical form, that can still change how its
 /// holes are completed: the resolved classes that a completion can read (`reach`: by default

@@ -1,7 +1,16 @@
 //! The e-graph as extraction sees it (`ExtractGraph`), and the cost estimates that order the
 //! worklist.
 
-use super::*;
+use super::canon::{is_compute, is_view, operand_swap, type_info, KeyInfo};
+use super::kernels::light;
+use super::reach::{add, members};
+use super::{Choice, NONE};
+use crate::egraph::graph::TypedEGraph;
+use crate::egraph::lang::{ENode, Op};
+use crate::ir::Type;
+use crate::lower::tiled;
+use egg::Id;
+use rustc_hash::FxHashMap;
 
 /// The e-graph as extraction sees it: dense class indices, and per class only the e-nodes
 /// that can appear in a lowerable program.

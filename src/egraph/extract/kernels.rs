@@ -1,7 +1,12 @@
 //! Kernels of partial programs: regions, the kernel graph, launch order and kernel-count
 //! bounds.
 
-use super::*;
+use super::canon::{is_compute, is_pointwise, is_view};
+use super::extract_graph::ExtractGraph;
+use super::reach::{class_tiled, Marks};
+use super::{Choice, NONE};
+use crate::egraph::lang::{ENode, Op};
+use rustc_hash::{FxHashMap, FxHashSet};
 
 /// Pointwise work or data movement; tuple plumbing is no computation at all (`is_compute`).
 pub(super) fn light(op: &Op) -> bool {
@@ -408,7 +413,7 @@ pub(super) struct LaunchScratch {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{kernel_chain, kernel_cycle};
 
     #[test]
     fn a_kernel_chain_counts_the_kernels_on_the_longest_path() {

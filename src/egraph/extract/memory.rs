@@ -47,7 +47,7 @@ pub fn proc_mib(file: &str, field: &str) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::GrowthWatch;
 
     /// A table counts as grown, its contents as bytes the next growth writes, when growing
     /// as fast as since the last look it could fill before the next look; one far from full,

@@ -1,6 +1,11 @@
 //! Rebuilding a candidate as a function, and its one-line summary.
 
-use super::*;
+use super::canon::{Interner, Walk, WalkFacts};
+use super::extract_graph::ExtractGraph;
+use super::{Choice, NONE};
+use crate::egraph::lang::Op;
+use crate::ir::{Body, ExprKind, Function, Node, NodeId, Sym, Type};
+use rustc_hash::FxHashMap;
 
 /// Facts about a candidate for its summary line and `--stats=json`.
 #[derive(Clone, Debug, serde::Serialize)]

@@ -1,7 +1,12 @@
 //! Complete programs are rebuilt, checked and lowered on a second thread (`LoweringQueue`),
 //! which decides and counts exactly as checking each in turn would.
 
-use super::*;
+use super::extract_graph::ExtractGraph;
+use super::output::{reconstruct, summarize};
+use super::validity::no_dead_components;
+use super::{Candidate, Choice, LowerCheck};
+use crate::ir::Function;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 /// What the complete programs of a run came to.
 #[derive(Default)]
@@ -281,7 +286,7 @@ impl Drop for LoweringQueue<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{Choice, Function, LowerCheck, LoweringQueue, Outcomes, Refusal};
 
     /// A one-statement function named `name`, for a stand-in backend to judge by name.
     fn named_function(name: &str) -> Function {

@@ -1,7 +1,9 @@
 //! Which classes a partial program's holes can still reach, as bit sets over dense class
 //! indices.
 
-use super::*;
+use super::canon::is_view;
+use super::extract_graph::ExtractGraph;
+use super::{Choice, NONE};
 
 /// True when `from`, following picked e-nodes, reaches `target`. With `through_holes`, also
 /// when a class not resolved yet could reach it through any of its e-nodes: whether some
@@ -167,7 +169,7 @@ pub(super) fn readable_resolved(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::Marks;
 
     #[test]
     fn marks_are_empty_after_each_clear_even_when_the_generation_wraps() {

@@ -1,7 +1,14 @@
 //! Validity of partial programs: each value computed once, no dead component of a fused
 //! reduction, partitions that read only loads.
 
-use super::*;
+use super::canon::{associative, chain_link, is_view};
+use super::extract_graph::{ComponentReaders, ExtractGraph};
+use super::kernels::Memo;
+use super::reach::{class_tiled, has, loadable, reaches, Marks};
+use super::{Choice, NONE};
+use crate::egraph::lang::{ENode, Op};
+use crate::ir::{ExprKind, Function, Type};
+use rustc_hash::FxHashSet;
 
 /// A tuple reduction picked in the program one of whose components no completion reads:
 /// the class holding `get[i](t)` picked another e-node, or no e-node reads it. Product fusion
