@@ -11,13 +11,14 @@
 //!
 //! Modules:
 //! - `alloc`: the global allocator (mimalloc), and [`release_free_memory`];
-//! - [`backend`]: code emitters (Triton kernels and a host function per candidate);
+//! - [`backend`]: writers of kernel plans (Triton kernels and a host function per candidate);
 //! - [`diag`]: source spans and diagnostics, rendered with `ariadne`;
 //! - [`driver`]: the `efopt` command: arguments, pass pipelines, dumps, statistics;
 //! - [`egraph`]: the typed e-graph, the rule library, saturation and extraction;
 //! - [`interp`]: the reference interpreter, for tensor-level and tiled programs alike;
 //! - [`ir`]: the IR: modules, functions, types, printing;
-//! - [`lower`]: kernel graphs (the kernel plan) from tiled programs;
+//! - [`lower`]: the kernel plan of a verified candidate: kernels, buffers, folds, the order of
+//!   its steps, the schedule space; what cannot be lowered is refused there;
 //! - [`parse`]: text to IR: lexer, grammar and the builder;
 //! - [`passes`]: the named passes with typed options (`saturate`, `extract`, `lower`, …);
 //! - [`verify`]: the type rules and the verifier.

@@ -1,4 +1,11 @@
-//! Kernel graphs from tiled programs.
+//! Lowering decides how a verified candidate runs on a GPU (`docs/lower.md`):
+//!
+//! - this module: the kernel graph (below), and traffic and work for `--stats=json`;
+//! - [`plan`]: the [`KernelPlan`] (buffers, axes, folds, loads, stores, schedule space, cost
+//!   facts) and the one place a construct is refused;
+//! - [`walk`]: the order in which a kernel computes its values, and in which loop.
+//!
+//! # Kernel graphs from tiled programs
 //!
 //! A kernel is a connected region of tiled values (non-empty parallel state), entered through
 //! loads (`partition`/`replicate` chains over a tensor-level value, re-issued by every kernel

@@ -1,4 +1,8 @@
-//! Triton emission from a kernel graph.
+//! Triton text from a kernel plan: the plan's steps, written in order.
+//!
+//! Files: `names` (identifiers, dtypes, literals), `host` (the host function), `kernel` (a
+//! kernel's signature, values, loads, stores), `folds` (loops and fold state), `ops` (block
+//! operators and inlined reducer bodies).
 //!
 //! Every tile is a Triton block. A block dimension is either split by a parallel axis (length
 //! `BLOCK_<axis>`, offsets `c_<axis> * BLOCK_<axis> + arange`), or whole (length the next power
@@ -9,13 +13,13 @@
 //! program id; loop axes become `for` loops whose fold state is loop-carried (nested when a
 //! fold sits inside another fold's loop; an axis both on the grid and folded keeps its grid
 //! coordinate as `g_<axis>`, and its offsets are restored after each loop over it), and an
-//! axis combined inside the kernel is computed
-//! as one block spanning its dimension. A user reducer with no combine of built-ins folds a
+//! axis combined inside the kernel is computed as one block spanning its dimension. A user reducer with no combine of built-ins folds a
 //! block dimension element by element, in a loop (over a stored stack of tiles split by
 //! `k`, a loop over `k` that loads each tile at its offsets). Arithmetic runs
 //! in f32 (a cast to bf16/f16 rounds); matrix-product operands go to the dot in their
 //! program dtype, or in f32 under the interpreter option (the Triton interpreter's bf16 dot
 //! is wrong).
+
 mod folds;
 mod host;
 mod kernel;
