@@ -226,6 +226,7 @@ fn every_candidate_the_plan_accepts_is_written() {
         planned += here;
         files_with_candidates += usize::from(here > 0);
     }
+    println!("{planned} candidates of {files_with_candidates} programs planned and written");
     // Extraction outputs only candidates the plan accepts: every program with candidates
     // has planned ones, and there are thousands.
     assert!(
