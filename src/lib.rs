@@ -1,8 +1,9 @@
 //! efopt: a tensor-program superoptimizer over a unified tensor/tiled IR.
 //!
 //! Data flows one way: [`parse`] text into the [`ir`], [`passes`] verify and transform it (the
-//! [`interp`] reference interpreter evaluates it), [`lower`] and [`backend`] emit GPU code. The
-//! [`driver`] runs pass pipelines for the `efopt` command.
+//! [`interp`] reference interpreter evaluates it), [`lower`] and [`backend`] emit GPU code.
+//! [`passes::PassManager`] runs a pipeline of passes on a module; the [`driver`] is the `efopt`
+//! command around it (command line, files, output).
 
 // Every binary linking the library (the `efopt` tool, tests, benches) gets this allocator:
 // the e-graph passes allocate many small short-lived values (terms, e-nodes, types), and
