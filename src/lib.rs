@@ -20,7 +20,8 @@
 //! - [`lower`]: the kernel plan of a verified candidate: kernels, buffers, folds, the order of
 //!   its steps, the schedule space; what cannot be lowered is refused there;
 //! - [`parse`]: text to IR: lexer, grammar and the builder;
-//! - [`passes`]: the named passes with typed options (`saturate`, `extract`, `lower`, …);
+//! - [`passes`]: the named passes with typed options (`saturate`, `extract`, `lower`, …) and
+//!   [`passes::PassManager`], which runs a pipeline of them on a module;
 //! - [`verify`]: the type rules and the verifier.
 
 mod alloc;

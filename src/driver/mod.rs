@@ -1,212 +1,26 @@
-//! The `efopt` command: argument parsing, the pass pipeline (a straight-line driver that
-//! verifies between passes in debug builds and tests), IR dumps, `--split-input-file`,
-//! `--verify-diagnostics`, timing and statistics.
+//! The `efopt` command: the command line ([`cli`], clap), reading the input, `--split-input-file`
+//! chunks, `--set` overrides, `--verify-diagnostics` ([`expect`]), and writing the output,
+//! diagnostics, the timing report and statistics. The pipeline itself runs in the library's
+//! pass manager (`crate::passes::manager`).
 
+mod cli;
 mod expect;
-mod pipeline;
 
-use crate::diag::{Diagnostic, Severity, SourceMap};
-use crate::ir::print::{print_module, write_module, PrintOptions};
+use crate::diag::{Diagnostic, SourceMap};
+use crate::ir::print::{write_module, PrintOptions};
 use crate::ir::{Binding, Module};
-use crate::passes::{registry, PassContext};
+use crate::passes::manager::{
+    Failure, IrPrinting, Observer, PassManager, PipelineConfig, PipelineOutput,
+};
+use crate::passes::parse_pipeline;
+use clap::Parser;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Instant;
 
-pub use pipeline::{parse_pipeline, PassSpec};
+pub use cli::{Cli, StatsFormat, When};
 
-pub const HELP: &str = "\
-efopt — tensor-program superoptimizer (EquiForge)
-
-USAGE:
-    efopt [OPTIONS] [FILE]            (FILE `-` or absent: standard input)
-
-Reads a module in the .ef textual IR, verifies it, runs a pipeline of named passes and
-prints the resulting IR (canonical form; it parses again). With no --passes it prints
-the canonical form of the input.
-
-PIPELINE:
-    --passes=PIPELINE         comma-separated passes with options in braces:
-                              --passes='verify,check{against=m0.ef tol=0.01}'
-    --list-passes             list every pass with its summary and options
-    --list-rules              list every equality rule: family, name, equation
-    --verify-each=BOOL        verify after every pass (default: on in debug builds)
-
-INPUT AND OUTPUT:
-    -o FILE                   write the final IR to FILE instead of standard output
-    --split-input-file        process chunks separated by `// -----` independently
-    --verify-diagnostics      check diagnostics against `// expected-error@+1 {{…}}`
-                              (also -warning, -note, -remark; @+N, @-N, @N or none)
-    --set NAME=VALUE          override a `where` binding (dimension size or axis extent) of
-                              functions and e-graph dumps, e.g. --set B=16; repeatable
-    --seed N                  seed for random inputs of interpret/check (default 0)
-    --print-types             print every statement's inferred type
-
-DEBUGGING:
-    --print-ir-after-all      dump the IR after every pass to stderr
-    --print-ir-before=NAME    dump the IR before pass NAME (repeatable)
-    --print-ir-after=NAME     dump the IR after pass NAME (repeatable)
-    --timing                  per-pass wall time on stderr
-    --stats=json              per-pass counters as JSON on stderr
-    --color=WHEN              color diagnostics: auto (default), always, never
-    --progress=WHEN           a progress line on stderr for saturate and extract runs
-                              longer than a second: auto (default: when stderr is a
-                              terminal), always, never
-    -h, --help                this help
-    -V, --version             version
-
-ENVIRONMENT:
-    EFOPT_WRONG_CANDIDATES=error
-                              a candidate `extract` drops because it differs from its
-                              source (a bug in efopt) is an error, not a warning (the
-                              test suites set it)
-    EFOPT_PYTHON=PATH         the Python with triton and numpy that triton-check runs
-                              (default: the checkout's .venv/bin/python)
-
-Dumps are delimited by `// -----// IR Dump … //----- //` comment lines, so each dump
-parses as a module. Diagnostics go to stderr; exit code 1 on any error.
-";
-
-#[derive(Debug, Default)]
-pub struct Options {
-    pub input: Option<String>,
-    pub output: Option<String>,
-    pub pipeline: Option<String>,
-    pub list_passes: bool,
-    pub list_rules: bool,
-    pub verify_each: bool,
-    pub split_input_file: bool,
-    pub verify_diagnostics: bool,
-    pub sets: Vec<(String, u64)>,
-    pub seed: u64,
-    pub print_types: bool,
-    pub print_after_all: bool,
-    pub print_before: Vec<String>,
-    pub print_after: Vec<String>,
-    pub timing: bool,
-    pub stats_json: bool,
-    pub color: Option<bool>,
-    /// `--progress`: None is auto (when stderr is a terminal).
-    pub progress: Option<bool>,
-}
-
-/// Parses command-line arguments (without the program name).
-pub fn parse_args(args: &[String]) -> Result<Options, String> {
-    let mut o = Options {
-        verify_each: cfg!(debug_assertions),
-        ..Options::default()
-    };
-    let mut i = 0;
-    let mut positional = Vec::new();
-    while i < args.len() {
-        let arg = &args[i];
-        let (key, inline_val) = match arg.split_once('=') {
-            Some((k, v)) if k.starts_with("--") => (k.to_string(), Some(v.to_string())),
-            _ => (arg.clone(), None),
-        };
-        let mut value = |name: &str| -> Result<String, String> {
-            if let Some(v) = &inline_val {
-                return Ok(v.clone());
-            }
-            i += 1;
-            args.get(i)
-                .cloned()
-                .ok_or_else(|| format!("option {name} needs a value"))
-        };
-        match key.as_str() {
-            "-h" | "--help" => return Err(String::new()),
-            "-V" | "--version" => return Err("version".into()),
-            "--passes" | "-p" => o.pipeline = Some(value(&key)?),
-            "--list-passes" => o.list_passes = true,
-            "--list-rules" => o.list_rules = true,
-            "--verify-each" => {
-                o.verify_each = match inline_val.as_deref() {
-                    None | Some("true") => true,
-                    Some("false") => false,
-                    Some(v) => return Err(format!("--verify-each takes true or false, not `{v}`")),
-                }
-            }
-            "-o" => o.output = Some(value("-o")?),
-            "--split-input-file" => o.split_input_file = true,
-            "--verify-diagnostics" => o.verify_diagnostics = true,
-            "--set" => {
-                let v = value("--set")?;
-                let (name, n) = v
-                    .split_once('=')
-                    .ok_or_else(|| format!("--set takes NAME=VALUE, got `{v}`"))?;
-                let n: u64 = n
-                    .parse()
-                    .map_err(|_| format!("--set {name}: `{n}` is not a positive integer"))?;
-                if n == 0 {
-                    return Err(format!("--set {name}=0: `{name}` must be at least 1 (sizes and extents are positive)"));
-                }
-                if !crate::ir::is_dim_symbol(name) && !crate::ir::is_axis_name(name) {
-                    return Err(format!("--set: `{name}` is neither a dimension (upper case) nor an axis (lower case)"));
-                }
-                o.sets.push((name.to_string(), n));
-            }
-            "--seed" => {
-                let v = value("--seed")?;
-                o.seed = v
-                    .parse()
-                    .map_err(|_| format!("--seed takes an integer, got `{v}`"))?;
-            }
-            "--print-types" => o.print_types = true,
-            "--print-ir-after-all" => o.print_after_all = true,
-            "--print-ir-before" => o.print_before.push(value(&key)?),
-            "--print-ir-after" => o.print_after.push(value(&key)?),
-            "--timing" => o.timing = true,
-            "--stats" => match value("--stats")?.as_str() {
-                "json" => o.stats_json = true,
-                other => return Err(format!("--stats supports `json`, not `{other}`")),
-            },
-            "--color" => o.color = when("--color", &value("--color")?)?,
-            "--progress" => o.progress = when("--progress", &value("--progress")?)?,
-            "-" => positional.push(arg.clone()),
-            s if s.starts_with('-') => return Err(format!("unknown option `{arg}` (see --help)")),
-            _ => positional.push(arg.clone()),
-        }
-        i += 1;
-    }
-    if positional.len() > 1 {
-        return Err(format!(
-            "expected one input file, got {}: {}",
-            positional.len(),
-            positional.join(" ")
-        ));
-    }
-    o.input = positional.pop();
-    Ok(o)
-}
-
-/// An `auto|always|never` option: `None` for auto (the caller decides from the terminal).
-fn when(option: &str, v: &str) -> Result<Option<bool>, String> {
-    match v {
-        "auto" => Ok(None),
-        "always" => Ok(Some(true)),
-        "never" => Ok(Some(false)),
-        other => Err(format!(
-            "{option} takes auto, always or never, not `{other}`"
-        )),
-    }
-}
-
-pub fn list_passes() -> String {
-    let mut s = String::from("Available passes:\n");
-    for p in registry() {
-        s.push_str(&format!("  {:<12} {}\n", p.name, p.summary));
-        for o in p.options {
-            let default = if o.default.is_empty() {
-                String::new()
-            } else {
-                format!(" (default {})", o.default)
-            };
-            s.push_str(&format!("      {:<12} {}{default}\n", o.name, o.help));
-        }
-    }
-    s
-}
-
+/// The text of `efopt --list-rules`: every equality rule's family, name and equation.
 pub fn list_rules() -> String {
     let rules = crate::egraph::rules::all_rules();
     let mut s = format!("{} equality rules:\n", rules.len());
@@ -223,33 +37,40 @@ pub fn list_rules() -> String {
 
 /// The result of processing one input chunk.
 struct ChunkOutcome {
-    output: ChunkOutput,
+    output: PipelineOutput,
     diagnostics: Vec<Diagnostic>,
     failed: bool,
 }
 
-/// What a chunk writes to the output: a backend's code, or the module, printed only as it is
-/// written so that its text is never held whole.
-enum ChunkOutput {
-    Code(String),
-    Module(Module),
+/// Writes what a chunk leaves: a backend's code, or the module, printed only as it is written
+/// so that its text is never held whole.
+fn write_output(output: &PipelineOutput, w: &mut impl Write, cli: &Cli) -> std::io::Result<()> {
+    match output {
+        PipelineOutput::None => Ok(()),
+        PipelineOutput::Code(code) => w.write_all(code.as_bytes()),
+        PipelineOutput::Module(m) => write_module(
+            w,
+            m,
+            PrintOptions {
+                types: cli.print_types,
+            },
+        ),
+    }
 }
 
-impl ChunkOutput {
-    fn none() -> ChunkOutput {
-        ChunkOutput::Code(String::new())
+/// Dumps go to standard error and report lines to standard output as passes run, so that
+/// they interleave with what the passes print themselves (progress lines).
+struct StdStreams;
+
+impl Observer for StdStreams {
+    fn dump(&mut self, text: &str) {
+        eprint!("{text}");
     }
 
-    fn write(&self, w: &mut impl Write, opts: &Options) -> std::io::Result<()> {
-        match self {
-            ChunkOutput::Code(code) => w.write_all(code.as_bytes()),
-            ChunkOutput::Module(m) => write_module(
-                w,
-                m,
-                PrintOptions {
-                    types: opts.print_types,
-                },
-            ),
+    fn report(&mut self, lines: &[String]) {
+        let mut stdout = std::io::stdout().lock();
+        for line in lines {
+            let _ = writeln!(stdout, "{line}");
         }
     }
 }
@@ -258,41 +79,57 @@ struct Timing {
     rows: Vec<(String, f64)>,
 }
 
-/// Runs the command; returns the process exit code.
+/// Runs the command on `args` (without the program name); returns the process exit code.
 pub fn run(args: &[String]) -> i32 {
-    let opts = match parse_args(args) {
+    let argv = std::iter::once("efopt".to_string()).chain(args.iter().cloned());
+    let opts = match Cli::try_parse_from(argv) {
         Ok(o) => o,
-        Err(e) if e.is_empty() => {
-            print!("{HELP}");
-            return 0;
-        }
-        Err(e) if e == "version" => {
-            println!("efopt {}", env!("CARGO_PKG_VERSION"));
-            return 0;
-        }
         Err(e) => {
-            eprintln!("error: {e}");
-            return 1;
+            // `--help` and `--version` too: clap prints them to stdout, and exits 0.
+            let _ = e.print();
+            return e.exit_code();
         }
     };
     if opts.list_passes {
-        print!("{}", list_passes());
+        print!("{}", crate::passes::list_passes());
         return 0;
     }
     if opts.list_rules {
         print!("{}", list_rules());
         return 0;
     }
-    let color = opts.color.unwrap_or_else(|| {
-        std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none()
-    });
+    let color = opts
+        .color
+        .on(|| std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none());
     let mut sources = SourceMap::default();
 
     // The pipeline string is a source of its own so errors point into it.
     let pipeline_text = opts.pipeline.clone().unwrap_or_default();
     let pipeline_src = sources.add("<pipeline>", pipeline_text.clone());
-    let specs = match parse_pipeline(&pipeline_text, pipeline_src) {
-        Ok(s) => s,
+    let base_dir = opts
+        .input
+        .as_deref()
+        .filter(|p| *p != "-")
+        .and_then(|p| std::path::Path::new(p).parent().map(|d| d.to_path_buf()))
+        .unwrap_or_else(|| PathBuf::from("."));
+    let config = PipelineConfig {
+        verify_each: opts
+            .verify_each
+            .unwrap_or(PipelineConfig::default().verify_each),
+        seed: opts.seed,
+        progress: opts.progress.on(|| std::io::stderr().is_terminal()),
+        base_dir,
+        print_ir: IrPrinting {
+            before: opts.print_before.clone(),
+            after: opts.print_after.clone(),
+            after_all: opts.print_after_all,
+            types: opts.print_types,
+        },
+    };
+    let mut manager = match parse_pipeline(&pipeline_text, pipeline_src)
+        .and_then(|specs| PassManager::from_specs(&specs, config))
+    {
+        Ok(m) => m,
         Err(diags) => {
             for d in &diags {
                 sources.render(d, color, &mut std::io::stderr());
@@ -300,13 +137,6 @@ pub fn run(args: &[String]) -> i32 {
             return 1;
         }
     };
-    for name in opts.print_before.iter().chain(&opts.print_after) {
-        if !registry().iter().any(|p| p.name == name) {
-            eprintln!("error: --print-ir-before/after: unknown pass `{name}` (see --list-passes)");
-            return 1;
-        }
-    }
-
     let (name, bytes) = match read_input(opts.input.as_deref()) {
         Ok(x) => x,
         Err(e) => {
@@ -335,13 +165,6 @@ pub fn run(args: &[String]) -> i32 {
         Some(rest) => format!("   {rest}"),
         None => text,
     };
-    let base_dir = opts
-        .input
-        .as_deref()
-        .filter(|p| *p != "-")
-        .and_then(|p| std::path::Path::new(p).parent().map(|d| d.to_path_buf()))
-        .unwrap_or_else(|| PathBuf::from("."));
-
     let chunks = if opts.split_input_file {
         split_chunks(&text)
     } else {
@@ -389,7 +212,7 @@ pub fn run(args: &[String]) -> i32 {
         // A blank chunk has no text of its own to point at: point at where it starts.
         let outcome = if separated && text[start..end].trim().is_empty() {
             ChunkOutcome {
-                output: ChunkOutput::none(),
+                output: PipelineOutput::None,
                 diagnostics: vec![Diagnostic::error(
                     crate::diag::Span::new(id, start, start),
                     "empty chunk: nothing between two `// -----` separators",
@@ -403,9 +226,8 @@ pub fn run(args: &[String]) -> i32 {
                 &masked,
                 id,
                 &opts,
-                &specs,
+                &mut manager,
                 &mut sources,
-                &base_dir,
                 &mut timing,
                 &mut stats,
                 &mut sets_applied,
@@ -429,9 +251,7 @@ pub fn run(args: &[String]) -> i32 {
         }
         // Each chunk is written once processed, and its module dropped before the next.
         if write_failed.is_none() {
-            write_failed = outcome
-                .output
-                .write(&mut sink, &opts)
+            write_failed = write_output(&outcome.output, &mut sink, &opts)
                 .and_then(|()| sink.flush())
                 .err();
         }
@@ -464,7 +284,7 @@ pub fn run(args: &[String]) -> i32 {
         s.push_str(&format!("//   {total:>9.3}   total\n"));
         eprint!("{s}");
     }
-    if opts.stats_json {
+    if opts.stats == Some(StatsFormat::Json) {
         let doc = moved_object("chunks", serde_json::Value::Array(stats));
         // Written as it is serialised: with many candidates the text runs to megabytes.
         // Buffered, because stderr is not: unbuffered, RMSNorm–SwiGLU's 24,404 candidate rows
@@ -550,144 +370,57 @@ fn function_mentions(f: &crate::ir::Function, name: &str) -> bool {
         .any(|w| w == name)
 }
 
-fn dump(title: &str, m: &Module, opts: &Options) {
-    let body = print_module(
-        m,
-        PrintOptions {
-            types: opts.print_types,
-        },
-    );
-    eprint!("// -----// IR Dump {title} //----- //\n{body}\n");
-}
-
+/// Parses a chunk, applies `--set`, and runs the pipeline on it.
 #[allow(clippy::too_many_arguments)]
 fn process_chunk(
     text: &str,
     source: u32,
-    opts: &Options,
-    specs: &[PassSpec],
+    opts: &Cli,
+    manager: &mut PassManager,
     sources: &mut SourceMap,
-    base_dir: &std::path::Path,
     timing: &mut Timing,
     stats: &mut Vec<serde_json::Value>,
     sets_applied: &mut [bool],
 ) -> ChunkOutcome {
-    let mut diagnostics = Vec::new();
-    let fail = |diagnostics: Vec<Diagnostic>| ChunkOutcome {
-        output: ChunkOutput::none(),
-        diagnostics,
-        failed: true,
-    };
     let t0 = Instant::now();
     let mut module = match crate::parse::parse_module(text, source) {
         Ok(m) => m,
         Err(d) => {
             // Whether a chunk that does not parse uses a name is unknown: no warning then.
             sets_applied.fill(true);
-            return fail(d);
+            return ChunkOutcome {
+                output: PipelineOutput::None,
+                diagnostics: d,
+                failed: true,
+            };
         }
     };
     timing
         .rows
         .push(("parse".into(), t0.elapsed().as_secs_f64() * 1e3));
     apply_sets(&mut module, &opts.sets, sets_applied);
-    let t0 = Instant::now();
-    if let Err(d) = crate::verify::verify_module(&mut module) {
-        return fail(d);
+    let result = manager.run_observed(module, sources, &mut StdStreams);
+    timing.rows.extend(result.timing);
+    // A chunk whose module did not verify on load ran no pass and has no entry. (Nor has one
+    // whose IR failed `--verify-each`, as before the pass manager moved into the library: the
+    // output is kept as it was.)
+    if matches!(result.failure, None | Some(Failure::Pass(_))) {
+        let passes = result
+            .passes
+            .into_iter()
+            .map(|p| {
+                let mut entry = serde_json::Map::new();
+                entry.insert("pass".into(), p.pass.into());
+                entry.insert("wall_ms".into(), p.wall_ms.into());
+                entry.insert("counters".into(), serde_json::Value::Object(p.counters));
+                serde_json::Value::Object(entry)
+            })
+            .collect();
+        stats.push(moved_object("passes", serde_json::Value::Array(passes)));
     }
-    timing
-        .rows
-        .push(("verify (on load)".into(), t0.elapsed().as_secs_f64() * 1e3));
-    let original = module.clone();
-    let mut pass_stats = Vec::new();
-    // Code from a backend pass; report lines then become `#` comments on standard output.
-    let mut emitted: Option<String> = None;
-    let code_out = specs
-        .iter()
-        .any(|s| registry().iter().any(|p| p.name == s.name && p.emits_code));
-    for spec in specs {
-        let Some(info) = registry().into_iter().find(|p| p.name == spec.name) else {
-            continue; // rejected when the pipeline was parsed
-        };
-        if opts.print_before.contains(&spec.name) {
-            dump(&format!("Before {}", spec.name), &module, opts);
-        }
-        let mut pass = (info.create)(&info, &spec.options);
-        let mut cx = PassContext {
-            sources,
-            original: &original,
-            seed: opts.seed,
-            base_dir: base_dir.to_path_buf(),
-            report: Vec::new(),
-            diagnostics: Vec::new(),
-            counters: Default::default(),
-            emitted: None,
-            progress: opts
-                .progress
-                .unwrap_or_else(|| std::io::stderr().is_terminal()),
-        };
-        let t0 = Instant::now();
-        let result = pass.run(&mut module, &mut cx);
-        if let Some(code) = cx.emitted.take() {
-            emitted = Some(code);
-        }
-        let ms = t0.elapsed().as_secs_f64() * 1e3;
-        timing.rows.push((spec.name.clone(), ms));
-        let report = std::mem::take(&mut cx.report);
-        diagnostics.append(&mut cx.diagnostics);
-        // The counters are moved in: `json!` would serialise a copy of them, and `extract`'s
-        // list one entry per output candidate (tens of MB past its memory limit on MHA decode).
-        let counters = std::mem::take(&mut cx.counters).into_iter().collect();
-        let mut entry = serde_json::Map::new();
-        entry.insert("pass".into(), spec.name.clone().into());
-        entry.insert("wall_ms".into(), ms.into());
-        entry.insert("counters".into(), serde_json::Value::Object(counters));
-        pass_stats.push(serde_json::Value::Object(entry));
-        if !report.is_empty() {
-            let mut stdout = std::io::stdout().lock();
-            for line in report {
-                if code_out {
-                    let _ = writeln!(stdout, "#{}", line.trim_start_matches('/'));
-                } else {
-                    let _ = writeln!(stdout, "{line}");
-                }
-            }
-        }
-        if let Err(mut d) = result {
-            diagnostics.append(&mut d);
-            stats.push(moved_object("passes", serde_json::Value::Array(pass_stats)));
-            return ChunkOutcome {
-                output: ChunkOutput::none(),
-                diagnostics,
-                failed: true,
-            };
-        }
-        if opts.verify_each {
-            if let Err(d) = crate::verify::verify_module(&mut module) {
-                diagnostics.push(Diagnostic::global(
-                    Severity::Error,
-                    format!("pass `{}` produced IR that does not verify", spec.name),
-                ));
-                diagnostics.extend(d);
-                return ChunkOutcome {
-                    output: ChunkOutput::none(),
-                    diagnostics,
-                    failed: true,
-                };
-            }
-        }
-        if opts.print_after_all || opts.print_after.contains(&spec.name) {
-            dump(&format!("After {}", spec.name), &module, opts);
-        }
-    }
-    stats.push(moved_object("passes", serde_json::Value::Array(pass_stats)));
-    let failed = diagnostics.iter().any(|d| d.is_error());
     ChunkOutcome {
-        output: match emitted {
-            Some(code) => ChunkOutput::Code(code),
-            None => ChunkOutput::Module(module),
-        },
-        diagnostics,
-        failed,
+        output: result.output,
+        diagnostics: result.diagnostics,
+        failed: result.failed,
     }
 }

@@ -1,61 +1,14 @@
-//! `interpret` runs every function in the reference interpreter and prints its results;
-//! `check` compares every function with a reference program on the same seeded random inputs.
+//! `check` compares every function with a reference program on the same seeded random inputs,
+//! at unit and at large input scale. Also what `triton-check` and the net under `extract`
+//! share with it: the fixed-seed sample, and when a reference overflows.
 
-use super::{parse_extents, OptionInfo, OptionKind, Pass, PassContext, PassInfo, PassOptions};
+use super::interpret::{run_function, SizeOptions, EXTENTS_HELP, MAX_EXTENT_HELP, SEED_HELP};
+use super::options::{pass_options, OptionKind, OptionSpans};
+use super::{NamedPass, Pass, PassContext};
 use crate::diag::{Diagnostic, Severity};
-use crate::interp::{random_inputs, reference_error, Interpreter, Sizes, Value};
+use crate::interp::{random_inputs, reference_error, Sizes, Value};
 use crate::ir::{Function, Module, Type};
 use rayon::prelude::*;
-use std::time::Instant;
-
-const SIZE_OPTIONS: [OptionInfo; 3] = [
-    OptionInfo {
-        name: "seed",
-        kind: OptionKind::Int,
-        default: "",
-        help: "seed of the random inputs (default: --seed)",
-    },
-    OptionInfo {
-        name: "max-extent",
-        kind: OptionKind::Int,
-        default: "4",
-        help: "default extent of an unbound parallel axis: the largest divisor up to this of the sizes it partitions",
-    },
-    OptionInfo {
-        name: "extents",
-        kind: OptionKind::Extents,
-        default: "",
-        help: "explicit parallel-axis extents, e.g. `p:4,m:2` (overrides `where`)",
-    },
-];
-
-pub fn interpret_info() -> PassInfo {
-    const OPTIONS: &[OptionInfo] = &[
-        SIZE_OPTIONS[0],
-        SIZE_OPTIONS[1],
-        SIZE_OPTIONS[2],
-        OptionInfo {
-            name: "print",
-            kind: OptionKind::Choice(&["summary", "values"]),
-            default: "summary",
-            help:
-                "print a summary (shape, min, max, mean, L2) or every value (up to 256 per result)",
-        },
-        OptionInfo {
-            name: "scale",
-            kind: OptionKind::Float,
-            default: "1.0",
-            help: "standard deviation of the random float inputs",
-        },
-    ];
-    PassInfo {
-        name: "interpret",
-        emits_code: false,
-        summary: "Run every function in the reference interpreter on seeded random inputs and print the results",
-        options: OPTIONS,
-        create: |info, opts| Box::new(InterpretPass { settings: Settings::from(info, opts), values: opts.get(info, "print") == "values" }),
-    }
-}
 
 /// Indices of a fixed-seed sample of `sample` out of `n` functions, in order (all of them
 /// when `sample` is 0 or at least `n`): a partial Fisher–Yates shuffle.
@@ -73,192 +26,76 @@ pub fn sample_indices(n: usize, sample: usize, seed: u64) -> Vec<usize> {
     chosen
 }
 
-/// `sample=N`, shared by the passes that compare functions with a reference.
-pub const SAMPLE_OPTION: OptionInfo = OptionInfo {
-    name: "sample",
-    kind: OptionKind::Int,
-    default: "0",
-    help: "check a fixed-seed sample of this many functions when there are more (0: check all)",
-};
-
-/// How many functions `check` compares by default: a fixed-seed sample when `extract` printed
-/// more candidates than this.
-const CHECK_SAMPLE_DEFAULT: &str = "100";
-
-/// `tol=X`, shared by the passes that compare functions with a reference.
-pub const TOL_OPTION: OptionInfo = OptionInfo {
-    name: "tol",
-    kind: OptionKind::Float,
-    default: "0.01",
-    help: "largest accepted relative L2 error",
-};
-
-pub fn check_info() -> PassInfo {
-    const OPTIONS: &[OptionInfo] = &[
-        OptionInfo {
-            name: "against",
-            kind: OptionKind::Path,
-            default: "",
-            help: "reference program file (default: the program the pipeline started from)",
-        },
-        OptionInfo {
-            default: CHECK_SAMPLE_DEFAULT,
-            help: "check a fixed-seed sample of this many functions when there are more, as after `extract` (0: check all)",
-            ..SAMPLE_OPTION
-        },
-        TOL_OPTION,
-        OptionInfo {
-            name: "scale",
-            kind: OptionKind::Float,
-            default: "1.0",
-            help: "standard deviation of the random float inputs (large values probe numerical robustness)",
-        },
-        OptionInfo {
-            name: "large-scale",
-            kind: OptionKind::Float,
-            default: "30.0",
-            help: "every function is also compared on inputs of this standard deviation, where an overflowing or cancelling form shows (0: off)",
-        },
-        SIZE_OPTIONS[0],
-        SIZE_OPTIONS[1],
-        SIZE_OPTIONS[2],
-    ];
-    PassInfo {
-        name: "check",
-        emits_code: false,
-        summary: "Compare functions with a reference program on seeded random inputs, at unit and at large scale (relative L2 error); a fixed-seed sample of 100 when there are more",
-        options: OPTIONS,
-        create: |info, opts| {
-            Box::new(CheckPass {
-                settings: Settings::from(info, opts),
-                against: Some(opts.get(info, "against").to_string()).filter(|s| !s.is_empty()),
-                against_span: opts.span("against"),
-                tol: opts.get(info, "tol").parse().unwrap_or(0.01),
-                sample: opts.get(info, "sample").parse().unwrap_or(100),
-                large_scale: opts.get(info, "large-scale").parse().unwrap_or(30.0),
-            })
-        },
-    }
-}
+/// The help of `tol=X`, shared by the passes that compare functions with a reference.
+pub(crate) const TOL_HELP: &str = "largest accepted relative L2 error";
 
 #[derive(Clone, Debug)]
-struct Settings {
-    seed: Option<u64>,
-    max_extent: u64,
-    extents: Vec<(String, u64)>,
-    scale: f32,
+pub struct CheckOptions {
+    /// `against`: the reference program file; unset, the program the pipeline started from.
+    pub against: Option<String>,
+    /// `sample`: how many functions are compared, a fixed-seed sample when there are more, as
+    /// after `extract` (0: all).
+    pub sample: usize,
+    /// `tol`: the largest accepted relative L2 error.
+    pub tol: f64,
+    /// `scale`: standard deviation of the random float inputs.
+    pub scale: f32,
+    /// `large-scale`: every function is also compared on inputs of this standard deviation
+    /// (0: off).
+    pub large_scale: f32,
+    pub sizes: SizeOptions,
 }
 
-impl Settings {
-    fn from(info: &PassInfo, opts: &PassOptions) -> Settings {
-        Settings {
-            seed: opts.get(info, "seed").parse().ok(),
-            max_extent: opts.get(info, "max-extent").parse().unwrap_or(4).max(1),
-            extents: parse_extents(opts.get(info, "extents")).unwrap_or_default(),
-            scale: opts.get(info, "scale").parse().unwrap_or(1.0),
+impl Default for CheckOptions {
+    fn default() -> CheckOptions {
+        CheckOptions {
+            against: None,
+            sample: 100,
+            tol: 0.01,
+            scale: 1.0,
+            large_scale: 30.0,
+            sizes: SizeOptions::default(),
         }
     }
-
-    fn sizes(&self, f: &Function) -> Sizes {
-        let mut f = f.clone();
-        for (name, v) in &self.extents {
-            f.bindings.retain(|b| &b.name != name);
-            f.bindings.push(crate::ir::Binding {
-                name: name.clone(),
-                value: *v,
-                span: f.name_span,
-            });
-        }
-        Sizes::for_function(&f, self.max_extent)
-    }
 }
 
-fn run_function(
-    module: &Module,
-    f: &Function,
-    sizes: Sizes,
-    inputs: &[Value],
-) -> Result<Vec<Value>, Vec<Diagnostic>> {
-    Interpreter::new(module, sizes)
-        .run(f, inputs)
-        .map_err(|e| vec![e.into_diagnostic()])
-}
+pass_options!(CheckOptions {
+    "against" => against: OptionKind::Path,
+        "reference program file (default: the program the pipeline started from)";
+    "sample" => sample: OptionKind::Int,
+        "check a fixed-seed sample of this many functions when there are more, as after `extract` (0: check all)";
+    "tol" => tol: OptionKind::Float, TOL_HELP;
+    "scale" => scale: OptionKind::Float,
+        "standard deviation of the random float inputs (large values probe numerical robustness)";
+    "large-scale" => large_scale: OptionKind::Float,
+        "every function is also compared on inputs of this standard deviation, where an overflowing or cancelling form shows (0: off)";
+    "seed" => sizes.seed: OptionKind::Int, SEED_HELP;
+    "max-extent" => sizes.max_extent: OptionKind::Int, MAX_EXTENT_HELP;
+    "extents" => sizes.extents: OptionKind::Extents, EXTENTS_HELP;
+});
 
-fn fmt_f32(v: f32) -> String {
-    format!("{v}")
-}
-
-struct InterpretPass {
-    settings: Settings,
-    values: bool,
-}
-
-impl Pass for InterpretPass {
-    fn name(&self) -> &'static str {
-        "interpret"
-    }
-
-    fn run(&mut self, module: &mut Module, cx: &mut PassContext) -> Result<(), Vec<Diagnostic>> {
-        let seed = self.settings.seed.unwrap_or(cx.seed);
-        let start = Instant::now();
-        for f in &module.funcs {
-            let sizes = self.settings.sizes(f);
-            let inputs = random_inputs(f, &sizes, seed, self.settings.scale)
-                .map_err(|e| vec![e.into_diagnostic()])?;
-            let results = run_function(module, f, sizes, &inputs)?;
-            for (i, r) in results.iter().enumerate() {
-                for (j, (dtype, t)) in r.leaves().into_iter().enumerate() {
-                    let field = if matches!(r, Value::Tuple(_)) {
-                        format!(".{j}")
-                    } else {
-                        String::new()
-                    };
-                    let head = format!(
-                        "// interpret @{} result {i}{field}: {dtype} {:?}",
-                        f.name, t.shape
-                    );
-                    if self.values {
-                        let shown: Vec<String> =
-                            t.data.iter().take(256).map(|v| fmt_f32(*v)).collect();
-                        let more = if t.data.len() > 256 { ", …" } else { "" };
-                        cx.report
-                            .push(format!("{head} = [{}{more}]", shown.join(", ")));
-                    } else {
-                        let n = t.data.len().max(1) as f64;
-                        let min = t.data.iter().copied().fold(f32::INFINITY, f32::min);
-                        let max = t.data.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                        let mean = t.data.iter().map(|v| *v as f64).sum::<f64>() / n;
-                        let l2 = t
-                            .data
-                            .iter()
-                            .map(|v| (*v as f64).powi(2))
-                            .sum::<f64>()
-                            .sqrt();
-                        cx.report.push(format!(
-                            "{head} min={min:.6e} max={max:.6e} mean={mean:.6e} l2={l2:.6e}"
-                        ));
-                    }
-                }
-            }
-        }
-        cx.counters
-            .insert("functions".into(), module.funcs.len().into());
-        cx.counters.insert(
-            "interp_ms".into(),
-            (start.elapsed().as_secs_f64() * 1e3).into(),
-        );
-        Ok(())
-    }
-}
-
-struct CheckPass {
-    settings: Settings,
-    sample: usize,
-    /// A second input scale every function is also compared at (0: off).
-    large_scale: f32,
-    against: Option<String>,
+pub struct CheckPass {
+    options: CheckOptions,
     against_span: Option<crate::diag::Span>,
-    tol: f64,
+}
+
+impl NamedPass for CheckPass {
+    const NAME: &'static str = "check";
+    type Options = CheckOptions;
+
+    fn summary() -> String {
+        format!(
+            "Compare functions with a reference program on seeded random inputs, at unit and at large scale (relative L2 error); a fixed-seed sample of {} when there are more",
+            CheckOptions::default().sample
+        )
+    }
+
+    fn with_options(options: CheckOptions, spans: OptionSpans) -> CheckPass {
+        CheckPass {
+            options,
+            against_span: spans.get("against"),
+        }
+    }
 }
 
 /// The reference function for `f`: same name, else the same name without a `.suffix`
@@ -275,19 +112,19 @@ fn find_reference<'a>(reference: &'a Module, f: &Function) -> Option<&'a Functio
 
 impl CheckPass {
     fn load_reference(&self, cx: &mut PassContext) -> Result<Option<Module>, Vec<Diagnostic>> {
-        let Some(path) = &self.against else {
+        let Some(path) = &self.options.against else {
             return Ok(None);
         };
-        let full = super::option_input_path(path, &cx.base_dir);
+        let full = super::options::option_input_path(path, &cx.base_dir);
         let bytes = std::fs::read(&full).map_err(|e| {
-            vec![super::option_error(
+            vec![super::options::option_error(
                 self.against_span,
                 format!("check: cannot read reference `{}`: {e}", full.display()),
-                super::OPTION_PATH_HELP,
+                super::options::OPTION_PATH_HELP,
             )]
         })?;
         let text = String::from_utf8(bytes).map_err(|_| {
-            vec![super::option_error(
+            vec![super::options::option_error(
                 self.against_span,
                 format!("check: reference `{}` is not valid UTF-8", full.display()),
                 "the reference must be a `.ef` program",
@@ -308,10 +145,10 @@ impl Pass for CheckPass {
     fn run(&mut self, module: &mut Module, cx: &mut PassContext) -> Result<(), Vec<Diagnostic>> {
         let loaded = self.load_reference(cx)?;
         let reference: &Module = loaded.as_ref().unwrap_or(cx.original);
-        let seed = self.settings.seed.unwrap_or(cx.seed);
+        let seed = self.options.sizes.seed.unwrap_or(cx.seed);
         let scales = self.scales();
         let mut errors = Vec::new();
-        let chosen = sample_indices(module.funcs.len(), self.sample, seed);
+        let chosen = sample_indices(module.funcs.len(), self.options.sample, seed);
         // Pair every function with its reference and the sizes both run at.
         let mut jobs = Vec::new();
         for f in chosen.iter().map(|i| &module.funcs[*i]) {
@@ -432,21 +269,25 @@ impl Pass for CheckPass {
                     .collect();
                 let max = errs.iter().copied().fold(0.0, f64::max);
                 worst = worst.max(max);
-                let verdict = if max <= self.tol { "ok" } else { "FAILED" };
+                let verdict = if max <= self.options.tol {
+                    "ok"
+                } else {
+                    "FAILED"
+                };
                 cx.report.push(format!(
                     "// check @{} against @{}{at}: relative L2 {} (tol {}) {verdict}",
                     j.f.name,
                     j.r.name,
                     line.join(", "),
-                    self.tol
+                    self.options.tol
                 ));
-                if max > self.tol {
+                if max > self.options.tol {
                     let which = errs.iter().position(|e| *e == max).unwrap_or(0);
                     let mut d = Diagnostic::error(
                         j.f.name_span,
                         format!(
                             "`{}` differs from reference `{}`{at}: result {which} has relative L2 error {max:.3e} > tol {}",
-                            j.f.name, j.r.name, self.tol
+                            j.f.name, j.r.name, self.options.tol
                         ),
                     )
                     .with_note(Some(j.r.name_span), "reference function");
@@ -625,9 +466,9 @@ impl CheckPass {
     /// The input scales every function is compared at: `scale`, then `large-scale` unless it
     /// is off or the same.
     fn scales(&self) -> Vec<f32> {
-        let mut v = vec![self.settings.scale];
-        if self.large_scale > 0.0 && self.large_scale != self.settings.scale {
-            v.push(self.large_scale);
+        let mut v = vec![self.options.scale];
+        if self.options.large_scale > 0.0 && self.options.large_scale != self.options.scale {
+            v.push(self.options.large_scale);
         }
         v
     }
@@ -635,8 +476,8 @@ impl CheckPass {
     /// The checked function's sizes, and the reference's: the checked function's are
     /// authoritative (they carry --set overrides).
     fn sizes_of(&self, f: &Function, r: &Function) -> (Sizes, Sizes) {
-        let fsizes = self.settings.sizes(f);
-        let mut rsizes = self.settings.sizes(r);
+        let fsizes = self.options.sizes.sizes(f);
+        let mut rsizes = self.options.sizes.sizes(r);
         for b in &f.bindings {
             if crate::ir::is_dim_symbol(&b.name) {
                 rsizes.0.insert(b.name.clone(), b.value);

@@ -3,7 +3,8 @@
 //! …, each preceded by a summary comment. A module with functions and no e-graphs is extracted
 //! from its unsaturated e-graphs.
 
-use super::{OptionInfo, OptionKind, Pass, PassContext, PassInfo};
+use super::options::{choice, pass_options, OptionKind, OptionSpans, OptionValue, Seconds};
+use super::{NamedPass, Pass, PassContext};
 use crate::diag::{Diagnostic, Severity};
 use crate::egraph::extract::{
     reconstruct, summarize, Candidate, Compaction, ExtractGraph, Extractor, HoleContext, HoleOrder,
@@ -25,111 +26,134 @@ pub fn lower_check(env: &crate::verify::typing::TypeEnv) -> LowerCheck {
     })
 }
 
-pub fn extract_info() -> PassInfo {
-    const OPTIONS: &[OptionInfo] = &[
-        OptionInfo {
-            name: "compaction",
-            kind: OptionKind::Choice(&["early", "after", "none"]),
-            default: "early",
-            help: "`early` prunes equivalent partial programs before expanding them (Algorithm 1); `after` constructs every candidate and keeps one per class; `none` outputs every candidate",
-        },
-        OptionInfo {
-            name: "hole-order",
-            kind: OptionKind::Choice(&["fewest", "walk", "most", "scattered"]),
-            default: "fewest",
-            help: "which hole of a partial program is resolved next: `fewest` valid e-nodes first (forced picks first), the first in `walk` order from the results, `most` e-nodes first, or one `scattered` by a hash of the program and `hole-seed`; the candidates found are the same, the work is not",
-        },
-        OptionInfo {
-            name: "hole-seed",
-            kind: OptionKind::Count,
-            default: "1",
-            help: "the seed of `hole-order=scattered`: each seed is another order, for checking that the candidates found do not depend on it",
-        },
-        OptionInfo {
-            name: "hole-context",
-            kind: OptionKind::Choice(&["forms", "picks"]),
-            default: "forms",
-            help: "what early compaction compares besides canonical forms: the canonical `forms` of the resolved classes a completion can read, or their `picks` (finer: prunes less); the candidates found are the same, the work is not",
-        },
-        OptionInfo {
-            name: "max-candidates",
-            kind: OptionKind::Count,
-            default: "1000",
-            help: "stop after outputting this many candidates per e-graph",
-        },
-        OptionInfo {
-            name: "max-memory",
-            kind: OptionKind::Int,
-            default: "8192",
-            help: "stop once the process's resident memory reaches this many MiB, or would with the next growth of the search's tables (0: no limit; read where the system reports it, as on Linux); unset, 8192 or three quarters of the machine's memory, whichever is less",
-        },
-        OptionInfo {
-            name: "max-kernels",
-            kind: OptionKind::Int,
-            default: "0",
-            help: "only candidates with at most this many kernels (0: any); partial programs that must exceed it are pruned",
-        },
-        OptionInfo {
-            name: "pointwise-kernels",
-            kind: OptionKind::Choice(&["keep", "drop"]),
-            default: "keep",
-            help: "`drop`: no candidate has a kernel that only applies pointwise operators (or transposes, reshapes, broadcasts) to loads and stores a value another kernel reads, work its readers could do on their own loads; `keep` outputs them, as the distinct implementations they are",
-        },
-        OptionInfo {
-            name: "time-limit",
-            kind: OptionKind::Float,
-            default: "60",
-            help: "stop enumerating an e-graph after this many seconds",
-        },
-        OptionInfo {
-            name: "check-candidates",
-            kind: OptionKind::Bool,
-            default: "true",
-            help: "run every candidate output against the function it was extracted from, in the reference interpreter at small sizes (unit and large inputs), and drop one that differs with a warning: a wrong candidate is a bug in efopt (`EFOPT_WRONG_CANDIDATES=error` makes it an error); `check{sample=0}` is the exhaustive check at the program's own sizes",
-        },
-    ];
-    PassInfo {
-        name: "extract",
-        emits_code: false,
-        summary: "Enumerate the candidate programs of each e-graph (one per class of equivalent programs) as functions name.c0, name.c1, …",
-        options: OPTIONS,
-        create: |info, opts| {
-            Box::new(ExtractPass {
-                compaction: Compaction::parse(opts.get(info, "compaction"))
-                    .unwrap_or(Compaction::Early),
-                hole_order: match HoleOrder::parse(opts.get(info, "hole-order")) {
-                    Some(HoleOrder::Scattered(_)) => {
-                        HoleOrder::Scattered(opts.get(info, "hole-seed").parse().unwrap_or(1))
-                    }
-                    order => order.unwrap_or(HoleOrder::FewestNodes),
-                },
-                hole_context: HoleContext::parse(opts.get(info, "hole-context"))
-                    .unwrap_or(HoleContext::Forms),
-                max_candidates: opts.get(info, "max-candidates").parse().unwrap_or(1000),
-                time_limit: opts.get(info, "time-limit").parse().unwrap_or(60.0),
-                max_memory: match opts.values.get("max-memory") {
-                    Some(mib) => mib.parse().ok().filter(|n: &usize| *n > 0),
-                    None => Some(default_memory_limit(machine_mib())),
-                },
-                max_kernels: opts
-                    .get(info, "max-kernels")
-                    .parse()
-                    .ok()
-                    .filter(|n: &usize| *n > 0),
-                no_pointwise_kernels: opts.get(info, "pointwise-kernels") == "drop",
-                check_candidates: opts.get(info, "check-candidates") == "true",
-                resident_mib: crate::egraph::extract::resident_mib,
-            })
-        },
+choice! {
+    /// `extract{compaction=…}`.
+    pub enum CompactionChoice {
+        /// Prune equivalent partial programs before expanding them (Algorithm 1).
+        Early = "early",
+        /// Construct every candidate and keep one per class.
+        After = "after",
+        /// Output every candidate.
+        None = "none",
     }
 }
 
-struct ExtractPass {
+choice! {
+    /// `extract{hole-order=…}`.
+    pub enum HoleOrderChoice {
+        Fewest = "fewest",
+        Walk = "walk",
+        Most = "most",
+        /// Scattered by a hash of the program and `hole-seed`.
+        Scattered = "scattered",
+    }
+}
+
+choice! {
+    /// `extract{hole-context=…}`.
+    pub enum HoleContextChoice {
+        Forms = "forms",
+        Picks = "picks",
+    }
+}
+
+choice! {
+    /// `extract{pointwise-kernels=…}`.
+    pub enum PointwiseKernels {
+        Keep = "keep",
+        /// No candidate has a kernel that only applies pointwise operators to what it loads.
+        Drop = "drop",
+    }
+}
+
+/// `extract{max-memory=…}`: unset, [`default_memory_limit`] of the machine's memory.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum MaxMemory {
+    /// Unset: `MEMORY_CAP_MIB`, or three quarters of the machine's memory when less.
+    Default,
+    /// This many MiB (0: no limit).
+    MiB(usize),
+}
+
+impl OptionValue for MaxMemory {
+    fn from_text(text: &str) -> Result<Self, String> {
+        usize::from_text(text).map(MaxMemory::MiB)
+    }
+
+    /// Unset lists as the cap (the help says when the limit is less).
+    fn to_text(&self) -> String {
+        match self {
+            MaxMemory::Default => MEMORY_CAP_MIB.to_string(),
+            MaxMemory::MiB(n) => n.to_string(),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct ExtractOptions {
+    pub compaction: CompactionChoice,
+    pub hole_order: HoleOrderChoice,
+    /// `hole-seed`: the seed of `hole-order=scattered`.
+    pub hole_seed: u64,
+    pub hole_context: HoleContextChoice,
+    /// `max-candidates`: stop after outputting this many candidates per e-graph.
+    pub max_candidates: usize,
+    pub max_memory: MaxMemory,
+    /// `max-kernels`: only candidates with at most this many kernels (0: any).
+    pub max_kernels: usize,
+    pub pointwise_kernels: PointwiseKernels,
+    /// `time-limit`: stop enumerating an e-graph after this many seconds.
+    pub time_limit: Seconds,
+    /// `check-candidates`: run every candidate output against its source (`super::net`).
+    pub check_candidates: bool,
+}
+
+impl Default for ExtractOptions {
+    fn default() -> ExtractOptions {
+        ExtractOptions {
+            compaction: CompactionChoice::Early,
+            hole_order: HoleOrderChoice::Fewest,
+            hole_seed: 1,
+            hole_context: HoleContextChoice::Forms,
+            max_candidates: 1000,
+            max_memory: MaxMemory::Default,
+            max_kernels: 0,
+            pointwise_kernels: PointwiseKernels::Keep,
+            time_limit: Seconds(60.0),
+            check_candidates: true,
+        }
+    }
+}
+
+pass_options!(ExtractOptions {
+    "compaction" => compaction: OptionKind::Choice(CompactionChoice::WORDS),
+        "`early` prunes equivalent partial programs before expanding them (Algorithm 1); `after` constructs every candidate and keeps one per class; `none` outputs every candidate";
+    "hole-order" => hole_order: OptionKind::Choice(HoleOrderChoice::WORDS),
+        "which hole of a partial program is resolved next: `fewest` valid e-nodes first (forced picks first), the first in `walk` order from the results, `most` e-nodes first, or one `scattered` by a hash of the program and `hole-seed`; the candidates found are the same, the work is not";
+    "hole-seed" => hole_seed: OptionKind::Count,
+        "the seed of `hole-order=scattered`: each seed is another order, for checking that the candidates found do not depend on it";
+    "hole-context" => hole_context: OptionKind::Choice(HoleContextChoice::WORDS),
+        "what early compaction compares besides canonical forms: the canonical `forms` of the resolved classes a completion can read, or their `picks` (finer: prunes less); the candidates found are the same, the work is not";
+    "max-candidates" => max_candidates: OptionKind::Count,
+        "stop after outputting this many candidates per e-graph";
+    "max-memory" => max_memory: OptionKind::Int,
+        "stop once the process's resident memory reaches this many MiB, or would with the next growth of the search's tables (0: no limit; read where the system reports it, as on Linux); unset, {default} or three quarters of the machine's memory, whichever is less";
+    "max-kernels" => max_kernels: OptionKind::Int,
+        "only candidates with at most this many kernels (0: any); partial programs that must exceed it are pruned";
+    "pointwise-kernels" => pointwise_kernels: OptionKind::Choice(PointwiseKernels::WORDS),
+        "`drop`: no candidate has a kernel that only applies pointwise operators (or transposes, reshapes, broadcasts) to loads and stores a value another kernel reads, work its readers could do on their own loads; `keep` outputs them, as the distinct implementations they are";
+    "time-limit" => time_limit: OptionKind::Float,
+        "stop enumerating an e-graph after this many seconds";
+    "check-candidates" => check_candidates: OptionKind::Bool,
+        "run every candidate output against the function it was extracted from, in the reference interpreter at small sizes (unit and large inputs), and drop one that differs with a warning: a wrong candidate is a bug in efopt (`EFOPT_WRONG_CANDIDATES=error` makes it an error); `check{sample=0}` is the exhaustive check at the program's own sizes";
+});
+
+pub struct ExtractPass {
     compaction: Compaction,
     hole_order: HoleOrder,
     hole_context: HoleContext,
     max_candidates: usize,
-    time_limit: f64,
+    time_limit: Seconds,
     max_memory: Option<usize>,
     max_kernels: Option<usize>,
     no_pointwise_kernels: bool,
@@ -140,9 +164,57 @@ struct ExtractPass {
     resident_mib: fn() -> Option<usize>,
 }
 
+impl NamedPass for ExtractPass {
+    const NAME: &'static str = "extract";
+    type Options = ExtractOptions;
+
+    fn summary() -> String {
+        "Enumerate the candidate programs of each e-graph (one per class of equivalent programs) as functions name.c0, name.c1, …".into()
+    }
+
+    fn with_options(o: ExtractOptions, _: OptionSpans) -> ExtractPass {
+        ExtractPass {
+            compaction: match o.compaction {
+                CompactionChoice::Early => Compaction::Early,
+                CompactionChoice::After => Compaction::After,
+                CompactionChoice::None => Compaction::None,
+            },
+            hole_order: match o.hole_order {
+                HoleOrderChoice::Fewest => HoleOrder::FewestNodes,
+                HoleOrderChoice::Walk => HoleOrder::Walk,
+                HoleOrderChoice::Most => HoleOrder::MostNodes,
+                HoleOrderChoice::Scattered => HoleOrder::Scattered(o.hole_seed),
+            },
+            hole_context: match o.hole_context {
+                HoleContextChoice::Forms => HoleContext::Forms,
+                HoleContextChoice::Picks => HoleContext::Picks,
+            },
+            max_candidates: o.max_candidates,
+            time_limit: o.time_limit,
+            max_memory: match o.max_memory {
+                MaxMemory::MiB(mib) => Some(mib).filter(|n| *n > 0),
+                MaxMemory::Default => Some(default_memory_limit(machine_mib())),
+            },
+            max_kernels: Some(o.max_kernels).filter(|n| *n > 0),
+            no_pointwise_kernels: o.pointwise_kernels == PointwiseKernels::Drop,
+            check_candidates: o.check_candidates,
+            resident_mib: crate::egraph::extract::resident_mib,
+        }
+    }
+}
+
+impl ExtractPass {
+    /// The pass reading the resident size from `reader` instead of the process (a test stops
+    /// the output where it chooses).
+    pub fn with_resident_reader(mut self, reader: fn() -> Option<usize>) -> ExtractPass {
+        self.resident_mib = reader;
+        self
+    }
+}
+
 impl Pass for ExtractPass {
     fn name(&self) -> &'static str {
-        "extract"
+        Self::NAME
     }
 
     fn run(&mut self, module: &mut Module, cx: &mut PassContext) -> Result<(), Vec<Diagnostic>> {
@@ -153,7 +225,7 @@ impl Pass for ExtractPass {
             .with_hole_order(self.hole_order)
             .with_hole_context(self.hole_context)
             .with_max_candidates(self.max_candidates)
-            .with_time_limit(super::seconds(self.time_limit))
+            .with_time_limit(self.time_limit.duration())
             .with_memory_limit(self.max_memory)
             .with_max_kernels(self.max_kernels)
             .with_no_pointwise_kernels(self.no_pointwise_kernels);
@@ -310,7 +382,7 @@ impl Pass for ExtractPass {
                 // The limits in force, defaults included (null: none).
                 "limits": {
                     "max_candidates": self.max_candidates,
-                    "time_limit_s": self.time_limit,
+                    "time_limit_s": self.time_limit.0,
                     "max_memory_mib": self.max_memory,
                     "max_kernels": self.max_kernels,
                 },
@@ -601,13 +673,17 @@ const COST_ROOM: usize = "; estimated cost: ".len() + 20;
 /// alternated, 2026-11-26).
 pub const OUTPUT_CHUNK: usize = 32;
 
-/// The `max-memory` an unset option means: 8192 MiB, or three quarters of the machine's
+/// The `max-memory` an unset option means: `MEMORY_CAP_MIB`, or three quarters of the machine's
 /// memory (`total_mib`, where the system reports it) when that is less, so that on a small
 /// machine the search stops gracefully before the system runs out.
 pub fn default_memory_limit(total_mib: Option<usize>) -> usize {
-    const CAP_MIB: usize = 8192;
-    total_mib.map_or(CAP_MIB, |total| CAP_MIB.min(total / 4 * 3).max(1))
+    total_mib.map_or(MEMORY_CAP_MIB, |total| {
+        MEMORY_CAP_MIB.min(total / 4 * 3).max(1)
+    })
 }
+
+/// The most an unset `max-memory` allows, on a machine of any size.
+const MEMORY_CAP_MIB: usize = 8192;
 
 /// The machine's memory in MiB (`MemTotal` of `/proc/meminfo`), where the system reports it.
 fn machine_mib() -> Option<usize> {
@@ -634,51 +710,27 @@ mod tests {
         let text = include_str!("../../examples/gated_mlp.ef");
         let mut sources = crate::diag::SourceMap::default();
         let source = sources.add("gated_mlp.ef", text);
-        let mut module = crate::parse::parse_module(text, source).expect("parses");
-        crate::verify::verify_module(&mut module).expect("verifies");
-        let original = module.clone();
-        let info = |name: &str| {
-            crate::passes::registry()
-                .into_iter()
-                .find(|p| p.name == name)
-                .expect("registered")
-        };
-        fn context<'a>(
-            sources: &'a mut crate::diag::SourceMap,
-            original: &'a Module,
-        ) -> PassContext<'a> {
-            PassContext {
-                sources,
-                original,
-                seed: 0,
-                base_dir: std::path::PathBuf::new(),
-                report: Vec::new(),
-                diagnostics: Vec::new(),
-                counters: Default::default(),
-                emitted: None,
-                progress: false,
-            }
-        }
-        let saturate = info("saturate");
-        let mut pass = (saturate.create)(&saturate, &crate::passes::PassOptions::default());
-        pass.run(&mut module, &mut context(&mut sources, &original))
-            .expect("saturates");
-        let mut pass = ExtractPass {
-            compaction: Compaction::Early,
-            hole_order: HoleOrder::FewestNodes,
-            hole_context: HoleContext::Forms,
-            max_candidates: usize::MAX,
-            time_limit: 60.0,
-            max_memory: Some(4096),
-            max_kernels: None,
-            no_pointwise_kernels: false,
-            check_candidates: true,
-            resident_mib: || Some(usize::MAX),
-        };
-        let mut cx = context(&mut sources, &original);
-        pass.run(&mut module, &mut cx).expect("extracts");
+        let module = crate::parse::parse_module(text, source).expect("parses");
+        // `saturate` from the registry, then this pass with its options set in code and a
+        // reader over any limit.
+        let mut pm = crate::passes::PassManager::parse("saturate", &mut sources).expect("parses");
+        pm.add(
+            ExtractPass::with_options(
+                ExtractOptions {
+                    max_candidates: usize::MAX,
+                    max_memory: MaxMemory::MiB(4096),
+                    ..ExtractOptions::default()
+                },
+                OptionSpans::default(),
+            )
+            .with_resident_reader(|| Some(usize::MAX)),
+        );
+        let result = pm.run(module, &mut sources);
+        assert_eq!(result.failure, None, "{:?}", result.diagnostics);
+        let module = result.module().expect("a module");
+        let counters = result.counters(1).expect("extract ran");
         // The search does not read this reader: it finds every candidate.
-        let row = &cx.counters["egraphs"][0];
+        let row = &counters["egraphs"][0];
         let found = row["distinct_candidates"].as_u64().expect("a count") as usize;
         assert!(found > OUTPUT_CHUNK, "{found} candidates");
         // The first chunk is output whatever the limit says; the limit stops the rest.
@@ -689,7 +741,7 @@ mod tests {
             Some(OUTPUT_CHUNK)
         );
         assert_eq!(row["output_stop"], "memory limit (4096 MiB) reached");
-        let summary = cx
+        let summary = result
             .report
             .iter()
             .find(|l| l.contains(" distinct, "))
@@ -702,9 +754,10 @@ mod tests {
             "extract @gated_mlp: output stopped at the memory limit (4096 MiB): the first {OUTPUT_CHUNK} of {found} candidates are output"
         );
         assert!(
-            cx.diagnostics.iter().any(|d| d.message == remark),
+            result.diagnostics.iter().any(|d| d.message == remark),
             "{:?}",
-            cx.diagnostics
+            result
+                .diagnostics
                 .iter()
                 .map(|d| &d.message)
                 .collect::<Vec<_>>()

@@ -345,10 +345,13 @@ fn derives(
         return Err("saturation reached its time limit".into());
     }
     let graph_reducers = g.egraph.analysis.env.reducers().to_vec();
-    Ok(
-        crate::passes::contains::represents(&g, &graph_reducers, candidate, candidate_reducers)?
-            .is_some(),
-    )
+    Ok(crate::passes::expect_contains::represents(
+        &g,
+        &graph_reducers,
+        candidate,
+        candidate_reducers,
+    )?
+    .is_some())
 }
 
 /// The rules wrong candidate `candidate` (of a module with reducers `candidate_reducers`)

@@ -1,114 +1,128 @@
 //! `saturate` builds the e-graph of every function and runs equality saturation; the module
-//! then holds e-graph dumps. `expect-contains` checks that an e-graph represents a program.
+//! then holds e-graph dumps. Also what the other e-graph passes share: the module's e-graphs,
+//! and their Graphviz form.
 
-use super::{OptionInfo, OptionKind, Pass, PassContext, PassInfo, PassOptions};
+use super::options::{choice, pass_options, OptionKind, OptionSpans, Seconds};
+use super::{NamedPass, Pass, PassContext};
 use crate::diag::{Diagnostic, Severity};
 use crate::egraph::rules::{all_rules, Family};
 use crate::egraph::runner::Runner;
 use crate::egraph::TypedEGraph;
 use crate::ir::{EGraphDump, Module};
 
-pub fn saturate_info() -> PassInfo {
-    const OPTIONS: &[OptionInfo] = &[
-        OptionInfo {
-            name: "node-limit",
-            kind: OptionKind::Int,
-            default: "20000",
-            help: "stop when the e-graph has this many e-nodes",
-        },
-        OptionInfo {
-            name: "iter-limit",
-            kind: OptionKind::Int,
-            default: "30",
-            help: "stop after this many iterations",
-        },
-        OptionInfo {
-            name: "time-limit",
-            kind: OptionKind::Float,
-            default: "30",
-            help: "stop after this many seconds",
-        },
-        OptionInfo {
-            name: "scheduler",
-            kind: OptionKind::Choice(&["simple", "backoff"]),
-            default: "simple",
-            help: "`simple` runs every rule every iteration; `backoff` bans rules that propose too many new terms (egg's BackoffScheduler)",
-        },
-        OptionInfo {
-            name: "search",
-            kind: OptionKind::Choice(&["incremental", "full"]),
-            default: "incremental",
-            help: "`incremental` searches again only e-nodes near a change (same result, faster); `full` searches every e-node every iteration",
-        },
-        OptionInfo {
-            name: "dot",
-            kind: OptionKind::Path,
-            default: "",
-            help: "also write the saturated e-graph as a Graphviz file",
-        },
-        OptionInfo {
-            name: "families",
-            kind: OptionKind::List(&[
-                "algebraic",
-                "refinement",
-                "propagation",
-                "fusion",
-                "structural",
-                "storage",
-            ]),
-            default: "algebraic,refinement,propagation,fusion,structural,storage",
-            help: "rule families to use (comma-separated)",
-        },
-    ];
-    PassInfo {
-        name: "saturate",
-        emits_code: false,
-        summary: "Build each function's e-graph and saturate it with the equality rules; the module then holds e-graph dumps",
-        options: OPTIONS,
-        create: |info, opts| Box::new(SaturatePass::new(info, opts)),
+choice! {
+    /// `saturate{scheduler=…}`.
+    pub enum SchedulerChoice {
+        /// Every rule every iteration.
+        Simple = "simple",
+        /// egg's BackoffScheduler: rules that propose too many new terms are banned a while.
+        Backoff = "backoff",
     }
 }
 
-struct SaturatePass {
+choice! {
+    /// `saturate{search=…}`.
+    pub enum Search {
+        /// Search again only e-nodes near a change (same result, faster).
+        Incremental = "incremental",
+        /// Search every e-node every iteration.
+        Full = "full",
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct SaturateOptions {
+    /// `node-limit`: stop when the e-graph has this many e-nodes.
+    pub node_limit: usize,
+    /// `iter-limit`: stop after this many iterations.
+    pub iter_limit: usize,
+    /// `time-limit`: stop after this many seconds.
+    pub time_limit: Seconds,
+    pub scheduler: SchedulerChoice,
+    pub search: Search,
+    /// `dot`: also write the saturated e-graph to this Graphviz file.
+    pub dot: Option<String>,
+    /// `families`: the rule families to use.
+    pub families: Vec<Family>,
+}
+
+impl Default for SaturateOptions {
+    fn default() -> SaturateOptions {
+        SaturateOptions {
+            node_limit: 20_000,
+            iter_limit: 30,
+            time_limit: Seconds(30.0),
+            scheduler: SchedulerChoice::Simple,
+            search: Search::Incremental,
+            dot: None,
+            families: Family::ALL.to_vec(),
+        }
+    }
+}
+
+pass_options!(SaturateOptions {
+    "node-limit" => node_limit: OptionKind::Int, "stop when the e-graph has this many e-nodes";
+    "iter-limit" => iter_limit: OptionKind::Int, "stop after this many iterations";
+    "time-limit" => time_limit: OptionKind::Float, "stop after this many seconds";
+    "scheduler" => scheduler: OptionKind::Choice(SchedulerChoice::WORDS),
+        "`simple` runs every rule every iteration; `backoff` bans rules that propose too many new terms (egg's BackoffScheduler)";
+    "search" => search: OptionKind::Choice(Search::WORDS),
+        "`incremental` searches again only e-nodes near a change (same result, faster); `full` searches every e-node every iteration";
+    "dot" => dot: OptionKind::Path, "also write the saturated e-graph as a Graphviz file";
+    "families" => families: OptionKind::List(&[
+            "algebraic",
+            "refinement",
+            "propagation",
+            "fusion",
+            "structural",
+            "storage",
+        ]),
+        "rule families to use (comma-separated)";
+});
+
+pub struct SaturatePass {
     scheduler: crate::egraph::runner::Scheduler,
     dot: Option<String>,
     dot_span: Option<crate::diag::Span>,
     incremental: bool,
     node_limit: usize,
     iter_limit: usize,
-    time_limit: f64,
+    time_limit: Seconds,
     families: Vec<Family>,
 }
 
-impl SaturatePass {
-    fn new(info: &PassInfo, opts: &PassOptions) -> SaturatePass {
+impl NamedPass for SaturatePass {
+    const NAME: &'static str = "saturate";
+    type Options = SaturateOptions;
+
+    fn summary() -> String {
+        "Build each function's e-graph and saturate it with the equality rules; the module then holds e-graph dumps".into()
+    }
+
+    fn with_options(options: SaturateOptions, spans: OptionSpans) -> SaturatePass {
         SaturatePass {
-            scheduler: if opts.get(info, "scheduler") == "backoff" {
-                crate::egraph::runner::Scheduler::Backoff {
+            scheduler: match options.scheduler {
+                // The backoff scheduler's fixed parameters, not options.
+                SchedulerChoice::Backoff => crate::egraph::runner::Scheduler::Backoff {
                     match_limit: 1000,
                     ban_length: 2,
-                }
-            } else {
-                crate::egraph::runner::Scheduler::Simple
+                },
+                SchedulerChoice::Simple => crate::egraph::runner::Scheduler::Simple,
             },
-            incremental: opts.get(info, "search") == "incremental",
-            dot: Some(opts.get(info, "dot").to_string()).filter(|s| !s.is_empty()),
-            dot_span: opts.span("dot"),
-            node_limit: opts.get(info, "node-limit").parse().unwrap_or(20_000),
-            iter_limit: opts.get(info, "iter-limit").parse().unwrap_or(30),
-            time_limit: opts.get(info, "time-limit").parse().unwrap_or(30.0),
-            families: opts
-                .get(info, "families")
-                .split(',')
-                .filter_map(Family::parse)
-                .collect(),
+            incremental: options.search == Search::Incremental,
+            dot: options.dot,
+            dot_span: spans.get("dot"),
+            node_limit: options.node_limit,
+            iter_limit: options.iter_limit,
+            time_limit: options.time_limit,
+            families: options.families,
         }
     }
 }
 
 impl Pass for SaturatePass {
     fn name(&self) -> &'static str {
-        "saturate"
+        Self::NAME
     }
 
     fn run(&mut self, module: &mut Module, cx: &mut PassContext) -> Result<(), Vec<Diagnostic>> {
@@ -123,7 +137,7 @@ impl Pass for SaturatePass {
             let mut runner = Runner::default()
                 .with_node_limit(self.node_limit)
                 .with_iter_limit(self.iter_limit)
-                .with_time_limit(super::seconds(self.time_limit))
+                .with_time_limit(self.time_limit.duration())
                 .with_families(self.families.clone())
                 .with_scheduler(self.scheduler)
                 .with_incremental_search(self.incremental);
@@ -183,7 +197,7 @@ impl Pass for SaturatePass {
         if let Some(path) = &self.dot {
             let text: String = dumps.iter().map(to_dot).collect();
             if let Err(e) = std::fs::write(path, text) {
-                errors.push(super::option_error(
+                errors.push(super::options::option_error(
                     self.dot_span,
                     format!("saturate: cannot write `{path}`: {e}"),
                     "name a file in a directory that exists and is writable",

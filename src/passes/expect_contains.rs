@@ -2,37 +2,45 @@
 //! given program, up to renaming of parallel axes (consistently, one-to-one) and of user
 //! reducers with the same definition.
 
-use super::{OptionInfo, OptionKind, Pass, PassContext, PassInfo};
+use super::options::{pass_options, OptionKind, OptionSpans};
+use super::{NamedPass, Pass, PassContext};
 use crate::diag::{Diagnostic, Severity};
 use crate::egraph::{ENode, Op, TypedEGraph};
 use crate::ir::print::{print_reducer, PrintOptions};
 use crate::ir::*;
 use egg::Id;
 
-pub fn info() -> PassInfo {
-    const OPTIONS: &[OptionInfo] = &[OptionInfo {
-        name: "program",
-        kind: OptionKind::Path,
-        default: "",
-        help: "the program every e-graph must represent (one function, or one of the same name)",
-    }];
-    PassInfo {
-        name: "expect-contains",
-        emits_code: false,
-        summary: "Fail unless the e-graph's result classes represent the given program (up to axis and reducer renaming)",
-        options: OPTIONS,
-        create: |info, opts| {
-            Box::new(ContainsPass {
-                program: opts.get(info, "program").to_string(),
-                program_span: opts.span("program"),
-            })
-        },
-    }
+#[derive(Clone, Debug, Default)]
+pub struct ContainsOptions {
+    /// `program`: the file of the program every e-graph must represent.
+    pub program: Option<String>,
 }
 
-struct ContainsPass {
+pass_options!(ContainsOptions {
+    "program" => program: OptionKind::Path,
+        "the program every e-graph must represent (one function, or one of the same name)";
+});
+
+pub struct ContainsPass {
     program: String,
     program_span: Option<crate::diag::Span>,
+}
+
+impl NamedPass for ContainsPass {
+    const NAME: &'static str = "expect-contains";
+    type Options = ContainsOptions;
+
+    fn summary() -> String {
+        "Fail unless the e-graph's result classes represent the given program (up to axis and reducer renaming)".into()
+    }
+
+    fn with_options(options: ContainsOptions, spans: OptionSpans) -> ContainsPass {
+        ContainsPass {
+            // Unset, no file is read: the error names the empty path.
+            program: options.program.unwrap_or_default(),
+            program_span: spans.get("program"),
+        }
+    }
 }
 
 /// Matching state: the axis renaming (program → e-graph) and a step budget.
@@ -299,16 +307,16 @@ fn program_enodes(f: &Function, reducers: &[ReducerDef]) -> Result<Vec<ENode>, S
 
 impl Pass for ContainsPass {
     fn name(&self) -> &'static str {
-        "expect-contains"
+        Self::NAME
     }
 
     fn run(&mut self, module: &mut Module, cx: &mut PassContext) -> Result<(), Vec<Diagnostic>> {
-        let path = super::option_input_path(&self.program, &cx.base_dir);
+        let path = super::options::option_input_path(&self.program, &cx.base_dir);
         let text = std::fs::read_to_string(&path).map_err(|e| {
-            vec![super::option_error(
+            vec![super::options::option_error(
                 self.program_span,
                 format!("expect-contains: cannot read `{}`: {e}", path.display()),
-                super::OPTION_PATH_HELP,
+                super::options::OPTION_PATH_HELP,
             )]
         })?;
         let id = cx.sources.add(path.display().to_string(), text.clone());
