@@ -7,7 +7,7 @@ use super::Ctx;
 use crate::ir::print::Namer;
 use crate::ir::*;
 use crate::lower::plan::{BufferKey, FoldKind, PlannedKernel};
-use crate::lower::walk::{field_types, stored_tile, varies_along, Step};
+use crate::lower::walk::{blocks, field_types, stored_tile, varies_along, Block, Step};
 use crate::lower::{store_axes, tiled, Kernel};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write;
@@ -359,24 +359,16 @@ impl KernelEmitter<'_, '_> {
     }
 
     pub(super) fn dims_of(&self, t: &TensorType) -> Vec<BlockDim> {
-        t.shape
-            .iter()
-            .enumerate()
-            .map(|(i, d)| {
-                let split = t
-                    .par
-                    .0
-                    .iter()
-                    .find(|(_, k)| **k == ParKind::Partition(i))
-                    .map(|(a, _)| a.to_string())
-                    .or_else(|| d.splits.last().map(|a| a.to_string()));
+        blocks(t, &self.whole)
+            .into_iter()
+            .zip(&t.shape)
+            .map(|(block, d)| {
                 let name = match &d.base {
                     DimBase::Sym(s) => Some(s.to_string()),
                     _ => None,
                 };
-                let split = split.filter(|a| !self.whole.contains(a));
-                match (split, &d.base) {
-                    (Some(a), _) => {
+                match block {
+                    Block::Split(a) => {
                         self.tile_axes_used.borrow_mut().insert(a.clone());
                         BlockDim {
                             len: format!("BLOCK_{a}"),
@@ -385,18 +377,18 @@ impl KernelEmitter<'_, '_> {
                             name,
                         }
                     }
-                    (None, DimBase::Lit(1)) => BlockDim {
+                    Block::One => BlockDim {
                         len: "1".into(),
                         offs: "tl.arange(0, 1)".into(),
                         mask: None,
                         name,
                     },
-                    (None, b) => {
-                        let p = p2_name(b);
+                    Block::Whole(b) => {
+                        let p = p2_name(&b);
                         BlockDim {
                             len: p.clone(),
                             offs: format!("tl.arange(0, {p})"),
-                            mask: Some(format!("(tl.arange(0, {p}) < {})", base_text(b))),
+                            mask: Some(format!("(tl.arange(0, {p}) < {})", base_text(&b))),
                             name,
                         }
                     }
