@@ -70,6 +70,7 @@ fn a_tiled_row_sum_is_one_kernel_looping_over_its_tiles() {
         .find(|l| l.node == node(f, "x_tile"))
         .expect("x_tile is a load");
     assert_eq!(load.buffer, (node(f, "x"), 0));
+    assert_eq!(k.reads, vec![(node(f, "x"), 0)]);
     assert_eq!(load.per_iteration_of, vec!["p".to_string()]);
     assert!(load.shared_along.is_empty());
     // The state is set before the loop, the tile loaded and folded in it, the result stored
@@ -163,6 +164,49 @@ fn a_dimension_past_32_bit_indices_is_refused_at_its_node() {
     assert_eq!(r.node, NodeId(0));
 }
 
+/// The three refusals only the order of a kernel's steps reveals, on the random program that
+/// once overflowed the stack (`tests/lit/lower/self_reading_fold.ef`): extraction asks the plan
+/// about each complete candidate, and the plan names each construct.
+#[test]
+fn the_plan_refuses_what_no_step_order_can_write() {
+    use efopt::egraph::extract::{ExtractGraph, Extractor, LowerCheck};
+    use efopt::egraph::rules::all_rules;
+    use efopt::egraph::runner::Runner;
+    use std::sync::{Arc, Mutex};
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/lit/lower/self_reading_fold.ef");
+    let (m, _) = module(&std::fs::read_to_string(path).expect("lit input"));
+    let mut g =
+        efopt::egraph::TypedEGraph::from_function(&m.funcs[0], &m.reducers).expect("e-graph");
+    Runner::default().run(&mut g, &all_rules());
+    let reasons = Arc::new(Mutex::new(std::collections::BTreeSet::new()));
+    let seen = reasons.clone();
+    let plan_check = efopt::passes::extract::lower_check(&g.egraph.analysis.env);
+    let check: LowerCheck = Arc::new(move |f: &Function| {
+        let verdict = plan_check(f);
+        if let Err(r) = &verdict {
+            seen.lock().expect("lock").insert(r.clone());
+        }
+        verdict
+    });
+    let x = ExtractGraph::new(&g).expect("extractable");
+    let report = Extractor::default()
+        .with_max_candidates(64)
+        .with_lowerable(check)
+        .run(&x);
+    assert_eq!(report.candidates.len(), 64);
+    let reasons = reasons.lock().expect("lock");
+    for want in [
+        "a fold over an axis whose loop is open",
+        "a store along a loop axis that no fold opens",
+        "a value its own computation reads",
+    ] {
+        assert!(
+            reasons.iter().any(|r| r.starts_with(want)),
+            "no refusal `{want}` among {reasons:?}"
+        );
+    }
+}
+
 fn programs() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = Vec::new();
@@ -213,6 +257,26 @@ fn every_candidate_the_plan_accepts_is_written() {
                     n.0
                 )
             });
+            // The plan's loads are every tile it reads: each buffer a kernel reads is loaded, and
+            // each load reads a buffer the plan allocated, in a loop the kernel opens.
+            for k in &p.kernels {
+                let loaded: std::collections::BTreeSet<_> =
+                    k.loads.iter().map(|l| l.buffer).collect();
+                let read: std::collections::BTreeSet<_> = k.reads.iter().copied().collect();
+                assert_eq!(loaded, read, "{}: @{}", file.display(), f.name);
+                for l in &k.loads {
+                    assert!(p.buffer(l.buffer).is_some());
+                    for a in &l.per_iteration_of {
+                        let stack = k.folds.iter().any(|x| x.axis.as_deref() == Some(a));
+                        assert!(
+                            k.loop_axes.contains(a) || stack,
+                            "{}: @{}: a load in a loop over {a}",
+                            file.display(),
+                            f.name
+                        );
+                    }
+                }
+            }
             // Every kernel and host function is there.
             assert_eq!(
                 written.source.matches("@triton.jit").count(),

@@ -390,38 +390,41 @@ fn planned_kernel(
             }
         }
     }
-    let mut loads = Vec::new();
-    let mut recomputed = Vec::new();
-    for (n, loops) in &loops_at {
-        let ty = body.ty(*n);
-        let along: Vec<String> = grid_axes
+    let shared = |t: &TensorType| -> Vec<String> {
+        let t = Type::Tensor(t.clone());
+        grid_axes
             .iter()
-            .filter(|a| !varies_along(ty, a))
+            .filter(|a| !varies_along(Some(&t), a))
             .cloned()
-            .collect();
-        let base = match g.load_base[n.index()] {
-            Some(b) if !g.constant[b.index()] => Some(b),
-            Some(_) => None,
-            None if !k.nodes.contains(n) && !tiled(ty) && !g.constant[n.index()] => Some(*n),
-            None => None,
+            .collect()
+    };
+    let mut loads = Vec::new();
+    for l in &walked.loads {
+        // The tile's type: the view's (or the value's, read whole), or a stack entry's.
+        let of = if l.stack_entry { l.buffer.0 } else { l.node };
+        let fields = field_types(body.ty(of))
+            .map(|(fs, _)| fs)
+            .unwrap_or_default();
+        let Some(t) = fields.get(l.buffer.1) else {
+            continue;
         };
-        match base {
-            Some(b) => {
-                let fields = field_types(ty).map(|(fs, _)| fs).unwrap_or_default();
-                for (i, t) in fields.iter().enumerate() {
-                    loads.push(Load {
-                        node: *n,
-                        buffer: (b, i),
-                        blocks: walk::blocks(t, &whole),
-                        per_iteration_of: loops.iter().filter(|a| !a.is_empty()).cloned().collect(),
-                        shared_along: along.clone(),
-                    });
-                }
-            }
-            None if !along.is_empty() && !g.constant[n.index()] => {
-                recomputed.push(Recomputed { node: *n, along })
-            }
-            None => {}
+        loads.push(Load {
+            node: l.node,
+            buffer: l.buffer,
+            blocks: walk::blocks(t, &whole),
+            per_iteration_of: l.loops.clone().unwrap_or_default(),
+            shared_along: shared(t),
+        });
+    }
+    let loaded: BTreeSet<NodeId> = walked.loads.iter().map(|l| l.node).collect();
+    let mut recomputed = Vec::new();
+    for (n, _) in &loops_at {
+        let Some(Type::Tensor(t)) = body.ty(*n) else {
+            continue;
+        };
+        let along = shared(t);
+        if !along.is_empty() && !loaded.contains(n) && !g.constant[n.index()] {
+            recomputed.push(Recomputed { node: *n, along });
         }
     }
     PlannedKernel {

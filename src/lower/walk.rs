@@ -55,12 +55,41 @@ pub struct Walked {
     pub reads: Vec<BufferKey>,
     /// The folds that loop (over tiles, elements or stack entries), as the walk met them.
     pub folds: Vec<Fold>,
+    /// Every tile read from global memory, in read order.
+    pub loads: Vec<WalkedLoad>,
+}
+
+/// A tile read from global memory.
+#[derive(Clone, Debug)]
+pub struct WalkedLoad {
+    /// The value that reads it: a view, a tensor-level value read whole, or a fold over the
+    /// entries of a stored stack.
+    pub node: NodeId,
+    pub buffer: BufferKey,
+    /// The axes of the loops it is read in, outermost first (`None` until its value's loop is
+    /// known).
+    pub loops: Option<Vec<String>>,
+    /// One entry of a stored stack per iteration of the loop over the stack's axis.
+    pub stack_entry: bool,
 }
 
 struct Loop {
     /// Empty for an element loop (no value lives in it by `level_of`).
     axis: String,
+    /// The axis a loop over a stored stack's entries counts along.
+    entries_of: Option<String>,
     memo: HashSet<NodeId>,
+}
+
+impl Loop {
+    /// The axis whose tiles or entries it iterates over, if any.
+    fn over(&self) -> Option<&str> {
+        if self.axis.is_empty() {
+            self.entries_of.as_deref()
+        } else {
+            Some(&self.axis)
+        }
+    }
 }
 
 pub(super) struct Walk<'a> {
@@ -176,14 +205,29 @@ impl<'a> Walk<'a> {
         }
     }
 
-    fn read(&mut self, key: BufferKey) -> WResult {
+    fn read(&mut self, key: BufferKey, at: NodeId) -> WResult {
         if !self.buffers.contains(&key) {
             return refuse(key.0, "a kernel reads a value no earlier kernel stores");
         }
         if !self.out.reads.contains(&key) {
             self.out.reads.push(key);
         }
+        self.out.loads.push(WalkedLoad {
+            node: at,
+            buffer: key,
+            loops: None,
+            stack_entry: false,
+        });
         Ok(())
+    }
+
+    /// The axes of the loops open up to `level`.
+    fn loops_to(&self, level: Option<usize>) -> Vec<String> {
+        let open = level.map_or(0, |l| l + 1).min(self.inner.len());
+        self.inner[..open]
+            .iter()
+            .filter_map(|l| l.over().map(str::to_string))
+            .collect()
     }
 
     fn value(&mut self, id: NodeId) -> WResult {
@@ -202,6 +246,16 @@ impl<'a> Walk<'a> {
         r?;
         // Computing may open and close loops, never the ones this value lives in.
         let level = self.level_of(id);
+        // Its loads are issued where it lives.
+        let loops = self.loops_to(level);
+        for l in self
+            .out
+            .loads
+            .iter_mut()
+            .filter(|l| l.node == id && l.loops.is_none())
+        {
+            l.loops = Some(loops.clone());
+        }
         self.memo_at(level).insert(id);
         self.out.steps.push(Step::Value { node: id, level });
         Ok(())
@@ -441,7 +495,7 @@ impl<'a> Walk<'a> {
         if bt.shape.len() != rank {
             return refuse(at, "a load whose tile rank differs from the tensor's");
         }
-        self.read(key)
+        self.read(key, at)
     }
 
     /// The folds over loop axis `a` that share `id`'s loop, computed in it.
@@ -544,6 +598,7 @@ impl<'a> Walk<'a> {
     fn open_loop(&mut self, a: &str) {
         self.inner.push(Loop {
             axis: a.to_string(),
+            entries_of: None,
             memo: HashSet::new(),
         });
         self.out.steps.push(Step::OpenLoop {
@@ -706,6 +761,10 @@ impl<'a> Walk<'a> {
         // Offsets along `a` are defined inside this loop only.
         let a_read_before = self.tile_axes_used.contains(&a);
         self.open_element_loop();
+        if let Some(l) = self.inner.last_mut() {
+            l.entries_of = Some(a.clone());
+        }
+        let first_load = self.out.loads.len();
         for (i, t) in types.iter().enumerate() {
             self.blocks_of(t);
             if t.shape.is_empty() {
@@ -716,6 +775,11 @@ impl<'a> Walk<'a> {
             } else {
                 self.load(stack, t.shape.len(), id)?;
             }
+        }
+        let loops = self.loops_to(self.inner.len().checked_sub(1));
+        for l in &mut self.out.loads[first_load..] {
+            l.loops = Some(loops.clone());
+            l.stack_entry = true;
         }
         self.out.steps.push(Step::FoldUpdate { fold: id });
         if !a_read_before {
@@ -728,6 +792,7 @@ impl<'a> Walk<'a> {
     fn open_element_loop(&mut self) {
         self.inner.push(Loop {
             axis: String::new(),
+            entries_of: None,
             memo: HashSet::new(),
         });
         self.out.steps.push(Step::OpenElementLoop);

@@ -8,7 +8,7 @@ use crate::ir::print::Namer;
 use crate::ir::*;
 use crate::lower::plan::{BufferKey, FoldKind, PlannedKernel};
 use crate::lower::walk::{blocks, field_types, stored_tile, varies_along, Block, Step};
-use crate::lower::{store_axes, tiled, Kernel};
+use crate::lower::{tiled, Kernel};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write;
 
@@ -457,7 +457,7 @@ impl KernelEmitter<'_, '_> {
             Step::CloseLoop { axis, level } => self.close_loop(axis, *level),
             Step::OpenElementLoop => self.open_element_loop(),
             Step::CloseElementLoop { level } => self.close_element_loop(*level),
-            Step::Store { output, .. } => self.store(*output),
+            Step::Store { output, level } => self.store(*output, *level),
         }
     }
 
@@ -720,14 +720,15 @@ impl KernelEmitter<'_, '_> {
     }
 
     /// Stores an output of the kernel: a tensor, or each field of a tuple to its own buffer.
-    pub(super) fn store(&mut self, o: NodeId) -> Result<(), (NodeId, String)> {
+    /// A `Store` step at `level`.
+    pub(super) fn store(
+        &mut self,
+        o: NodeId,
+        level: Option<usize>,
+    ) -> Result<(), (NodeId, String)> {
         self.stored.insert(o);
         let body = &self.ctx.f.body;
         let node = &body.nodes[o.index()];
-        let axes = store_axes(body, o);
-        let level = (0..self.inner.len())
-            .rev()
-            .find(|i| axes.contains(&self.inner[*i].axis));
         let (fields, is_tuple) =
             field_types(node.ty.as_ref()).map_err(|m| (o, format!("a stored value: {m}")))?;
         let (cur, leading) = stored_tile(body, o);
