@@ -207,6 +207,19 @@ fn the_plan_refuses_what_no_step_order_can_write() {
     }
 }
 
+/// A view of a scalar constant is written as the scalar, not as a block of the view's rank, so
+/// a product of it is a product of operands of different ranks: the plan refuses it (it let it
+/// through to the writer, which refused it; the fuzz test, seed 0x5eedef0f).
+#[test]
+fn a_product_of_a_viewed_scalar_constant_is_refused_by_the_plan() {
+    let text = "func k where K=6,N=4{a:tensor<MxK,f32>=0\nb:tensor<KxN,f32>=0\nat=partition[K,k](replicate[n](a))\nbt=partition[K,k](partition[N,n](b))\nc=tile_matmul(at,bt)\ns=reduce c parallel=k reducer=@add\nr=combination[N,n](s)\nreturn r}\n";
+    let (m, info) = module(text);
+    let f = &m.funcs[0];
+    let r = plan(&info, f).expect_err("refused");
+    assert!(r.reason.contains("matrix product"), "{}", r.reason);
+    assert_eq!(r.node, node(f, "c"));
+}
+
 fn programs() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = Vec::new();

@@ -19,7 +19,7 @@ use super::plan::{BufferKey, Fold, FoldKind, Refusal};
 use super::{collection_fold_axis, stack_of, store_axes, stored_after_fold, tiled, KernelGraph};
 use crate::ir::*;
 use crate::verify::ModuleInfo;
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 /// One step of a kernel's computation. `level` is the loop a step is written in: an index
 /// into the loops open at that point, outermost first, or `None` before every loop.
@@ -109,6 +109,9 @@ pub(super) struct Walk<'a> {
     stored: BTreeSet<NodeId>,
     collection_folds: HashSet<NodeId>,
     tile_axes_used: BTreeSet<String>,
+    /// The rank of the block a value is written as, where it differs from its type's: a view
+    /// of a scalar constant is the scalar, not a block of the view's shape.
+    block_rank: HashMap<NodeId, usize>,
     out: Walked,
 }
 
@@ -145,6 +148,7 @@ impl<'a> Walk<'a> {
             stored: BTreeSet::new(),
             collection_folds: HashSet::new(),
             tile_axes_used: BTreeSet::new(),
+            block_rank: HashMap::new(),
             out: Walked::default(),
         }
     }
@@ -269,6 +273,10 @@ impl<'a> Walk<'a> {
                 return refuse(id, "a view of a tuple");
             };
             self.blocks_of(t);
+            if self.g.constant[base.index()] {
+                let r = self.constant_rank(base, t.shape.len());
+                self.block_rank.insert(id, r);
+            }
             return self.load(base, t.shape.len(), id);
         }
         let tensor_level_read = !self.in_kernel.contains(&id)
@@ -345,15 +353,65 @@ impl<'a> Walk<'a> {
         }
     }
 
+    /// The rank of the block a view of rank `view` of constant expression `c` is written as:
+    /// a scalar literal is the scalar, whatever the view; fills and iotas take the view's
+    /// shape; operators broadcast their operands (each viewed on its own rank).
+    fn constant_rank(&self, c: NodeId, view: usize) -> usize {
+        let body = &self.f.body;
+        let node = body.node(c);
+        match &node.kind {
+            ExprKind::Constant(_) => 0,
+            ExprKind::Unary(..)
+            | ExprKind::Binary(..)
+            | ExprKind::Select(..)
+            | ExprKind::Cast(..) => node
+                .kind
+                .operands()
+                .into_iter()
+                .map(|o| match body.ty(o) {
+                    Some(Type::Tensor(t)) => self.constant_rank(o, t.shape.len()),
+                    _ => 0,
+                })
+                .max()
+                .unwrap_or(0),
+            _ => view,
+        }
+    }
+
     /// What an operator on values computed in the kernel cannot be written as.
     fn op(&mut self, id: NodeId) -> WResult {
         let body = &self.f.body;
         let node = body.node(id);
         let ty = node.ty.as_ref().or(node.annot.as_ref());
+        // The block ranks of its operands that differ from their types'.
+        let block_rank: HashMap<NodeId, usize> = node
+            .kind
+            .operands()
+            .into_iter()
+            .filter_map(|o| self.block_rank.get(&o).map(|r| (o, *r)))
+            .collect();
         let rank = |x: NodeId| match body.ty(x) {
+            Some(Type::Tensor(t)) => Some(block_rank.get(&x).copied().unwrap_or(t.shape.len())),
+            _ => None,
+        };
+        // Pointwise operators and products keep their operands' (broadcast) block rank.
+        let derived = match &node.kind {
+            ExprKind::Unary(_, x) | ExprKind::Cast(_, x) | ExprKind::Transpose(_, x) => rank(*x),
+            ExprKind::Binary(_, x, y) => rank(*x).max(rank(*y)),
+            ExprKind::Select(c, x, y) => rank(*c).max(rank(*x)).max(rank(*y)),
+            ExprKind::TileMatMul { a, .. } | ExprKind::MatMul { a, .. } => rank(*a),
+            _ => None,
+        };
+        let own = match ty {
             Some(Type::Tensor(t)) => Some(t.shape.len()),
             _ => None,
         };
+        if let (Some(d), Some(o)) = (derived, own) {
+            if d != o {
+                self.block_rank.insert(id, d);
+            }
+        }
+
         match &node.kind {
             ExprKind::Constant(_) => {
                 if let Some(Type::Tensor(t)) = ty {
@@ -441,7 +499,8 @@ impl<'a> Walk<'a> {
                     return refuse(id, "a malformed fold");
                 };
                 let (types, _) = field_types(body.ty(*input)).or_else(|m| refuse(id, m))?;
-                if types.iter().any(|t| dim_index(d, t).is_none()) {
+                let scalar_block = rank(*input) == Some(0);
+                if scalar_block || types.iter().any(|t| dim_index(d, t).is_none()) {
                     return refuse(id, "a reduction over an unknown dimension");
                 }
             }
