@@ -21,6 +21,7 @@
 //! Axis names, dimension symbols and reducer names are interned ([`Sym`]): types and e-nodes
 //! copy and compare them constantly during saturation.
 
+pub mod alpha;
 pub mod finite;
 mod module;
 pub mod print;

@@ -281,9 +281,17 @@ impl Pass for ExtractPass {
             }
             // Written once the output is built, whose size it gives.
             let compaction = format!("{:?}", self.compaction).to_lowercase();
+            // Shown only when some were left out: most programs have none.
+            let renamed = match report.renamed {
+                0 => String::new(),
+                n => format!(
+                    "{n} renaming{} of output axes, ",
+                    if n == 1 { "" } else { "s" }
+                ),
+            };
             let summary_line = |output: usize| {
                 format!(
-                    "// extract @{}: compaction={compaction}, {} expanded, {} complete, {} distinct, {output} output, {} without launch order, {} not lowerable, {}, {:.3} s",
+                    "// extract @{}: compaction={compaction}, {} expanded, {} complete, {} distinct, {renamed}{output} output, {} without launch order, {} not lowerable, {}, {:.3} s",
                     g.name,
                     report.expanded,
                     report.complete,
@@ -536,6 +544,7 @@ fn search_counters(
         "pruned_no_launch_order": report.no_launch_order,
         "rejected_not_lowerable": report.not_lowerable,
         "distinct_candidates": report.distinct,
+        "axis_renamings": report.renamed,
         "stop_reason": report.stop.to_string(),
     });
     match counters {

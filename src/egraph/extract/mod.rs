@@ -203,6 +203,9 @@ pub struct ExtractReport {
     pub first_refusal: Option<String>,
     /// Distinct candidates (classes of ≈) among the complete ones.
     pub distinct: usize,
+    /// Complete programs of a new class not output because they rename the parallel axes of
+    /// a program output before them (`ir::alpha`; counted in `distinct` and `complete`).
+    pub renamed: usize,
     pub seconds: f64,
     /// The output, in discovery order.
     pub candidates: Vec<Candidate>,

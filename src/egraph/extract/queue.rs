@@ -19,6 +19,10 @@ pub(super) struct Outcomes {
     pub(super) first_refusal: Option<String>,
     /// Counts decided by a verdict of the lowering queue.
     pub(super) deferred: Deferred,
+    /// Fingerprints (up to axis renaming, `ir::alpha`) of the programs output.
+    pub(super) fingerprints: FxHashSet<u128>,
+    /// Complete programs not output as they rename the axes of one that was.
+    pub(super) renamed: usize,
 }
 
 impl Outcomes {
@@ -31,13 +35,23 @@ impl Outcomes {
         choice: &Choice,
         cost: u64,
         every: bool,
+        fingerprint: u128,
     ) -> bool {
         self.complete += 1;
         let new = self.distinct.insert(class_form);
         if new || every {
             self.candidates.push(Candidate::new(choice, cost));
+            self.fingerprints.insert(fingerprint);
         }
         new || every
+    }
+
+    /// A complete program whose axes rename those of one output: its class counts as output
+    /// (so the search prunes it like any other output class) but it is not output again.
+    pub(super) fn renaming(&mut self, class_form: Vec<u32>) {
+        self.complete += 1;
+        self.renamed += 1;
+        self.distinct.insert(class_form);
     }
 
     /// A complete program the backend refuses: its class stays open to another.
@@ -98,8 +112,10 @@ impl Deferred {
 
 /// The lowering worker's verdict on a complete program.
 pub(super) enum Verdict {
-    /// Lowered: its class is output.
-    Lowered,
+    /// Lowered: its class is output; its fingerprint up to axis renaming.
+    Lowered(u128),
+    /// Renames the axes of a program output before it: its class counts as output.
+    Renamed,
     Refused(String),
     /// Refused by a check before lowering (`rebuilt`).
     Before(Refusal),
@@ -147,6 +163,7 @@ impl<'scope> LoweringQueue<'scope> {
         let (outbox, verdicts) = std::sync::mpsc::channel();
         let worker = scope.spawn(move || {
             let mut output: FxHashSet<Vec<u32>> = FxHashSet::default();
+            let mut fingerprints: FxHashSet<u128> = FxHashSet::default();
             for (class_form, choice) in inbox {
                 let verdict = match choice {
                     _ if early && output.contains(&class_form) => Verdict::ClassOutput(true),
@@ -154,13 +171,22 @@ impl<'scope> LoweringQueue<'scope> {
                     Some(choice) => match rebuild(&choice) {
                         Err(refusal) => Verdict::Before(refusal),
                         Ok(_) if output.contains(&class_form) => Verdict::ClassOutput(true),
-                        Ok(f) => match check(&f) {
-                            Ok(()) => {
+                        Ok(f) => {
+                            let fingerprint = crate::ir::alpha::fingerprint(&f);
+                            if early && fingerprints.contains(&fingerprint) {
                                 output.insert(class_form);
-                                Verdict::Lowered
+                                Verdict::Renamed
+                            } else {
+                                match check(&f) {
+                                    Ok(()) => {
+                                        output.insert(class_form);
+                                        fingerprints.insert(fingerprint);
+                                        Verdict::Lowered(fingerprint)
+                                    }
+                                    Err(reason) => Verdict::Refused(reason),
+                                }
                             }
-                            Err(reason) => Verdict::Refused(reason),
-                        },
+                        }
                     },
                 };
                 if outbox.send(verdict).is_err() {
@@ -234,9 +260,10 @@ impl<'scope> LoweringQueue<'scope> {
             }
         }
         match (verdict, refusal) {
-            (Verdict::Lowered, _) => {
-                out.accept(class_form, &choice, cost, false);
+            (Verdict::Lowered(fingerprint), _) => {
+                out.accept(class_form, &choice, cost, false, fingerprint);
             }
+            (Verdict::Renamed, _) => out.renaming(class_form),
             (Verdict::Refused(reason), _) => out.refused(reason),
             (Verdict::Before(r), _) | (Verdict::ClassOutput(false), Some(r)) => {
                 out.deferred.refusals.push(r)
@@ -288,10 +315,13 @@ impl Drop for LoweringQueue<'_> {
 mod tests {
     use super::{Choice, Function, LowerCheck, LoweringQueue, Outcomes, Refusal};
 
-    /// A one-statement function named `name`, for a stand-in backend to judge by name.
-    fn named_function(name: &str) -> Function {
-        let src = "func f where N = 4 {\n  x: tensor<N, f32> = input\n  return exp(x)\n}\n";
-        let mut m = crate::parse::parse_module(src, 0).expect("parses");
+    /// A one-statement function named `name`, for a stand-in backend to judge by name; its
+    /// body differs with `variant` (distinct programs of distinct classes).
+    fn named_function(name: &str, variant: u32) -> Function {
+        let src = format!(
+            "func f where N = 4 {{\n  x: tensor<N, f32> = input\n  return exp(x) * {variant}.0\n}}\n"
+        );
+        let mut m = crate::parse::parse_module(&src, 0).expect("parses");
         crate::verify::verify_module(&mut m).expect("verifies");
         let mut f = m.funcs.remove(0);
         f.name = name.to_string();
@@ -318,10 +348,14 @@ mod tests {
                 _ => Err("refused".to_string()),
             }
         });
-        let rebuild = |choice: &Choice| match choice[0] {
-            LOWERS => Ok(named_function("lowers")),
-            REFUSED => Ok(named_function("refused")),
-            _ => Err(Refusal::DeadComponent),
+        // The choice's second entry, when there is one, tells distinct programs apart.
+        let rebuild = |choice: &Choice| {
+            let variant = choice.get(1).copied().unwrap_or(0);
+            match choice[0] {
+                LOWERS => Ok(named_function("lowers", variant)),
+                REFUSED => Ok(named_function("refused", variant)),
+                _ => Err(Refusal::DeadComponent),
+            }
         };
         LoweringQueue::new(scope, check, rebuild, early)
     }
@@ -373,7 +407,7 @@ mod tests {
                     (DEAD_COMPONENT, &a, 5),
                     (LOWERS, &b, 6),
                 ] {
-                    let choice = vec![program];
+                    let choice = vec![program, class[0]];
                     queue.submit(Some(choice.clone()), class.clone(), choice, cost, None);
                 }
                 queue.drain(&mut out);
@@ -393,5 +427,33 @@ mod tests {
                 assert_eq!(out.deferred.count(Refusal::DeadComponent), 2);
             }
         }
+    }
+
+    /// Early compaction: a program of a new class that renames the axes of one output (here:
+    /// the same function) is not lowered or output again; its class counts as output, so a
+    /// later program of that class is ≈ it.
+    #[test]
+    fn a_renaming_of_an_output_program_is_counted_not_output() {
+        let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let out = std::thread::scope(|scope| {
+            let mut queue = stand_in_queue(scope, &calls, true);
+            let mut out = Outcomes::default();
+            let (a, b, c) = (vec![1u32], vec![2u32], vec![3u32]);
+            for (choice, class) in [
+                (vec![LOWERS, 0], &a),
+                (vec![LOWERS, 0], &b),
+                (vec![LOWERS, 0], &b),
+                (vec![LOWERS, 5], &c),
+            ] {
+                queue.submit(Some(choice.clone()), class.clone(), choice, 1, None);
+            }
+            queue.drain(&mut out);
+            out
+        });
+        assert_eq!(out.candidates.len(), 2);
+        assert_eq!(out.renamed, 1);
+        assert_eq!(out.deferred.equivalent, 1);
+        assert_eq!(out.distinct.len(), 3);
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
     }
 }

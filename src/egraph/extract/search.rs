@@ -645,6 +645,15 @@ impl<'scope, 'env> Search<'scope, 'env> {
                 return None;
             }
         };
+        let every = self.ex.compaction == Compaction::None;
+        let fingerprint = crate::ir::alpha::fingerprint(&program);
+        if !every
+            && !self.out.distinct.contains(&class_form)
+            && self.out.fingerprints.contains(&fingerprint)
+        {
+            self.out.renaming(class_form);
+            return None;
+        }
         // One lowering per class: a representative of a class already output stands
         // for it. A refused representative leaves the class open to another.
         if let Some(check) = &self.ex.lowerable {
@@ -655,9 +664,12 @@ impl<'scope, 'env> Search<'scope, 'env> {
                 }
             }
         }
-        let every = self.ex.compaction == Compaction::None;
         let max = self.ex.max_candidates;
-        if self.out.accept(class_form, &self.s, cost, every) && self.out.candidates.len() >= max {
+        if self
+            .out
+            .accept(class_form, &self.s, cost, every, fingerprint)
+            && self.out.candidates.len() >= max
+        {
             return Some(ExtractStop::CandidateLimit(max));
         }
         None
@@ -941,6 +953,8 @@ impl<'scope, 'env> Search<'scope, 'env> {
             not_lowerable,
             first_refusal,
             deferred,
+            renamed,
+            ..
         } = std::mem::take(&mut self.out);
         let n = &self.n;
         ExtractReport {
@@ -959,6 +973,7 @@ impl<'scope, 'env> Search<'scope, 'env> {
             not_lowerable,
             first_refusal,
             distinct: distinct.len(),
+            renamed,
             seconds: self.start.elapsed().as_secs_f64(),
             candidates,
         }

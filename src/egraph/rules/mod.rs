@@ -5,6 +5,7 @@
 
 mod algebraic;
 mod fusion;
+mod layout;
 mod propagation;
 mod refinement;
 pub mod repair;
@@ -129,6 +130,7 @@ pub enum Root {
     Pointwise,
     MatMul,
     Transpose,
+    Broadcast,
     ReduceAxis,
     ReduceParallel,
     Partition,
@@ -137,12 +139,13 @@ pub enum Root {
 }
 
 impl Root {
-    pub const ALL: [Root; 10] = [
+    pub const ALL: [Root; 11] = [
         Root::Any,
         Root::Binary,
         Root::Pointwise,
         Root::MatMul,
         Root::Transpose,
+        Root::Broadcast,
         Root::ReduceAxis,
         Root::ReduceParallel,
         Root::Partition,
@@ -158,6 +161,7 @@ impl Root {
             Op::Unary(_) | Op::Select | Op::Cast(_) => one(Root::Pointwise),
             Op::MatMul(_) => one(Root::MatMul),
             Op::Transpose(_) => one(Root::Transpose),
+            Op::Broadcast(_) => one(Root::Broadcast),
             Op::ReduceAxis { .. } => one(Root::ReduceAxis),
             Op::ReduceParallel { .. } => one(Root::ReduceParallel),
             Op::Partition(..) => one(Root::Partition),
@@ -178,6 +182,7 @@ impl Root {
 pub fn all_rules() -> Vec<&'static Rule> {
     let mut v: Vec<&'static Rule> = Vec::new();
     v.extend(algebraic::RULES.iter());
+    v.extend(layout::RULES.iter());
     v.extend(refinement::RULES.iter());
     v.extend(fusion::RULES.iter());
     v.extend(propagation::RULES.iter());
@@ -211,6 +216,30 @@ pub fn axis_for(dim: &Dim) -> Option<String> {
         DimBase::Lit(n) if *n > 1 => Some(format!("n{n}")),
         _ => None,
     }
+}
+
+/// The `i`-th name (0-based) for a dimension whose base axis name is `base`: `k`, `k_2`,
+/// `k_3`… A value or product in which one symbol names several dimensions (`SxS` scores, a
+/// `DxD` weight) gives each its own axis, so that both can be split at once.
+pub fn nth_axis(base: &str, i: usize) -> String {
+    if i == 0 {
+        base.to_string()
+    } else {
+        format!("{base}_{}", i + 1)
+    }
+}
+
+/// The axis for dimension `d` of a value of shape `shape`: [`axis_for`] of the dimension,
+/// suffixed by how many earlier dimensions of the shape have the same base name (dimension 1
+/// of `SxS` is split by `s_2`). Refinements of producers and consumers of one value thus name
+/// the same dimension alike.
+pub fn axis_at(shape: &[Dim], d: usize) -> Option<String> {
+    let base = axis_for(shape.get(d)?)?;
+    let earlier = shape[..d]
+        .iter()
+        .filter(|e| axis_for(e).as_deref() == Some(base.as_str()))
+        .count();
+    Some(nth_axis(&base, earlier))
 }
 
 /// True when `axis` is free in every given state.

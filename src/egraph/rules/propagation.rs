@@ -80,7 +80,12 @@ fn pointwise_partition_in(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
 fn pointwise_replicate_in(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
     let Op::Replicate(a) = &n.op else { return };
     for f in nodes(eg, n.children[0]) {
-        if !is_pointwise(&f.op) {
+        // With only literals as operands nothing would carry the replica.
+        if !is_pointwise(&f.op)
+            || f.children
+                .iter()
+                .all(|x| tensor_type(eg, *x).is_some_and(is_scalar_literal))
+        {
             continue;
         }
         let views: Option<Vec<Term>> = f

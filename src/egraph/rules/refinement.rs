@@ -65,20 +65,78 @@ fn sum_over(axis: &str, t: Term) -> Term {
     )
 }
 
-/// Axes for the M, N and K dimensions of a matmul, when each is refinable and fresh.
-fn mnk_axes(m: &MatMul) -> (Option<String>, Option<String>, Option<String>) {
-    let states = [&m.ta.par, &m.tb.par];
-    let pick = |d: &Dim| axis_for(d).filter(|a| fresh(a, &states));
+/// Axis names for the M, N and K dimensions of a matmul; `None` where a dimension is not
+/// refinable (a literal 1, a tile dimension) or its axis is already used by an operand.
+type Mnk = [Option<String>; 3];
+
+/// The ways to name the M, N and K axes of a matmul, each named after its dimension. When
+/// dimensions share a symbol (`SxD · DxD`, `SxD · DxS`) there is one naming per role that
+/// keeps the plain name (`d`), the others taking `d_2`, `d_3` in M, N, K order: the role
+/// that keeps it meets the refinements of the value it belongs to (a norm reducing the
+/// left operand's `D` before a `DxD` projection meets a K named `d`; one reducing the
+/// product's `D` after it meets an N named `d`). Namings with a repeated axis are dropped.
+fn mnk_variants(m: &MatMul) -> Vec<Mnk> {
     let (ra, rb) = (m.ta.rank(), m.tb.rank());
-    let am = pick(&m.ta.shape[ra - 2]);
-    let an = pick(&m.tb.shape[rb - 1]);
-    let ak = pick(&m.ta.shape[ra - 1]);
-    // Distinct dimensions with the same symbol (QxQ products) would share an axis: skip.
-    let distinct = |x: &Option<String>, y: &Option<String>| x.is_none() || y.is_none() || x != y;
-    if !distinct(&am, &an) || !distinct(&am, &ak) || !distinct(&an, &ak) {
-        return (None, None, None);
+    let bases = [
+        axis_for(&m.ta.shape[ra - 2]),
+        axis_for(&m.tb.shape[rb - 1]),
+        axis_for(&m.ta.shape[ra - 1]),
+    ];
+    // Roles grouped by base name, in role order.
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for (r, b) in bases.iter().enumerate() {
+        let Some(b) = b else { continue };
+        match groups.iter_mut().find(|g| bases[g[0]].as_ref() == Some(b)) {
+            Some(g) => g.push(r),
+            None => groups.push(vec![r]),
+        }
     }
-    (am, an, ak)
+    // One choice of the role keeping the plain name per group: a mixed-radix counter.
+    let total: usize = groups.iter().map(Vec::len).product();
+    let states = [&m.ta.par, &m.tb.par];
+    let mut out: Vec<Mnk> = Vec::new();
+    for mut choice in 0..total {
+        let mut names: Mnk = Default::default();
+        for g in &groups {
+            let primary = g[choice % g.len()];
+            choice /= g.len();
+            let base = bases[g[0]].as_deref().unwrap_or_default();
+            let mut next = 1;
+            for &r in g {
+                let i = if r == primary {
+                    0
+                } else {
+                    next += 1;
+                    next - 1
+                };
+                names[r] = Some(nth_axis(base, i)).filter(|a| fresh(a, &states));
+            }
+        }
+        let named: Vec<&String> = names.iter().flatten().collect();
+        let distinct = named
+            .iter()
+            .enumerate()
+            .all(|(i, a)| !named[..i].contains(a));
+        if distinct && !out.contains(&names) {
+            out.push(names);
+        }
+    }
+    out
+}
+
+/// The distinct namings of the roles `pick` selects (`[true, false, false]`: M only), among
+/// those that name every selected role.
+fn namings(m: &MatMul, pick: [bool; 3]) -> Vec<Vec<String>> {
+    let mut out: Vec<Vec<String>> = Vec::new();
+    for v in mnk_variants(m) {
+        let sel: Option<Vec<String>> = (0..3).filter(|&r| pick[r]).map(|r| v[r].clone()).collect();
+        if let Some(sel) = sel {
+            if !out.contains(&sel) {
+                out.push(sel);
+            }
+        }
+    }
+    out
 }
 
 /// The matmul's operand partitions must allow tiles: tile_matmul only on operands whose
@@ -97,100 +155,100 @@ fn matmul_split_m(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
     let Some(m) = matmul(eg, class, n) else {
         return;
     };
-    let (Some(am), _, _) = mnk_axes(&m) else {
-        return;
-    };
     let (ra, ro) = (m.ta.rank(), m.out.rank());
-    out.push(comb(
-        ro - 2,
-        &am,
-        tile(&m, part(ra - 2, &am, cls(m.a)), rep(&am, cls(m.b))),
-    ));
+    for names in namings(&m, [true, false, false]) {
+        let am = &names[0];
+        out.push(comb(
+            ro - 2,
+            am,
+            tile(&m, part(ra - 2, am, cls(m.a)), rep(am, cls(m.b))),
+        ));
+    }
 }
 
 fn matmul_split_n(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
     let Some(m) = matmul(eg, class, n) else {
         return;
     };
-    let (_, Some(an), _) = mnk_axes(&m) else {
-        return;
-    };
     let (rb, ro) = (m.tb.rank(), m.out.rank());
-    out.push(comb(
-        ro - 1,
-        &an,
-        tile(&m, rep(&an, cls(m.a)), part(rb - 1, &an, cls(m.b))),
-    ));
+    for names in namings(&m, [false, true, false]) {
+        let an = &names[0];
+        out.push(comb(
+            ro - 1,
+            an,
+            tile(&m, rep(an, cls(m.a)), part(rb - 1, an, cls(m.b))),
+        ));
+    }
 }
 
 fn matmul_split_k(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
     let Some(m) = matmul(eg, class, n) else {
         return;
     };
-    let (_, _, Some(ak)) = mnk_axes(&m) else {
-        return;
-    };
     let (ra, rb) = (m.ta.rank(), m.tb.rank());
-    out.push(sum_over(
-        &ak,
-        tile(&m, part(ra - 1, &ak, cls(m.a)), part(rb - 2, &ak, cls(m.b))),
-    ));
+    for names in namings(&m, [false, false, true]) {
+        let ak = &names[0];
+        out.push(sum_over(
+            ak,
+            tile(&m, part(ra - 1, ak, cls(m.a)), part(rb - 2, ak, cls(m.b))),
+        ));
+    }
 }
 
 fn matmul_split_mn(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
     let Some(m) = matmul(eg, class, n) else {
         return;
     };
-    let (Some(am), Some(an), _) = mnk_axes(&m) else {
-        return;
-    };
     let (ra, rb, ro) = (m.ta.rank(), m.tb.rank(), m.out.rank());
-    let a = rep(&an, part(ra - 2, &am, cls(m.a)));
-    let b = part(rb - 1, &an, rep(&am, cls(m.b)));
-    out.push(comb(ro - 2, &am, comb(ro - 1, &an, tile(&m, a, b))));
+    for names in namings(&m, [true, true, false]) {
+        let (am, an) = (&names[0], &names[1]);
+        let a = rep(an, part(ra - 2, am, cls(m.a)));
+        let b = part(rb - 1, an, rep(am, cls(m.b)));
+        out.push(comb(ro - 2, am, comb(ro - 1, an, tile(&m, a, b))));
+    }
 }
 
 fn matmul_split_mk(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
     let Some(m) = matmul(eg, class, n) else {
         return;
     };
-    let (Some(am), _, Some(ak)) = mnk_axes(&m) else {
-        return;
-    };
     let (ra, rb, ro) = (m.ta.rank(), m.tb.rank(), m.out.rank());
-    let a = part(ra - 1, &ak, part(ra - 2, &am, cls(m.a)));
-    let b = part(rb - 2, &ak, rep(&am, cls(m.b)));
-    out.push(comb(ro - 2, &am, sum_over(&ak, tile(&m, a, b))));
+    for names in namings(&m, [true, false, true]) {
+        let (am, ak) = (&names[0], &names[1]);
+        let a = part(ra - 1, ak, part(ra - 2, am, cls(m.a)));
+        let b = part(rb - 2, ak, rep(am, cls(m.b)));
+        out.push(comb(ro - 2, am, sum_over(ak, tile(&m, a, b))));
+    }
 }
 
 fn matmul_split_nk(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
     let Some(m) = matmul(eg, class, n) else {
         return;
     };
-    let (_, Some(an), Some(ak)) = mnk_axes(&m) else {
-        return;
-    };
     let (ra, rb, ro) = (m.ta.rank(), m.tb.rank(), m.out.rank());
-    let a = part(ra - 1, &ak, rep(&an, cls(m.a)));
-    let b = part(rb - 2, &ak, part(rb - 1, &an, cls(m.b)));
-    out.push(comb(ro - 1, &an, sum_over(&ak, tile(&m, a, b))));
+    for names in namings(&m, [false, true, true]) {
+        let (an, ak) = (&names[0], &names[1]);
+        let a = part(ra - 1, ak, rep(an, cls(m.a)));
+        let b = part(rb - 2, ak, part(rb - 1, an, cls(m.b)));
+        out.push(comb(ro - 1, an, sum_over(ak, tile(&m, a, b))));
+    }
 }
 
 fn matmul_split_mnk(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
     let Some(m) = matmul(eg, class, n) else {
         return;
     };
-    let (Some(am), Some(an), Some(ak)) = mnk_axes(&m) else {
-        return;
-    };
     let (ra, rb, ro) = (m.ta.rank(), m.tb.rank(), m.out.rank());
-    let a = part(ra - 1, &ak, rep(&an, part(ra - 2, &am, cls(m.a))));
-    let b = part(rb - 2, &ak, part(rb - 1, &an, rep(&am, cls(m.b))));
-    out.push(comb(
-        ro - 2,
-        &am,
-        comb(ro - 1, &an, sum_over(&ak, tile(&m, a, b))),
-    ));
+    for names in namings(&m, [true, true, true]) {
+        let (am, an, ak) = (&names[0], &names[1], &names[2]);
+        let a = part(ra - 1, ak, rep(an, part(ra - 2, am, cls(m.a))));
+        let b = part(rb - 2, ak, part(rb - 1, an, rep(am, cls(m.b))));
+        out.push(comb(
+            ro - 2,
+            am,
+            comb(ro - 1, an, sum_over(ak, tile(&m, a, b))),
+        ));
+    }
 }
 
 fn matmul_split_batch(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
@@ -203,7 +261,7 @@ fn matmul_split_batch(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
         if m.out.par.partitioner_of(ob).is_some() {
             continue;
         }
-        let Some(axis) = axis_for(&m.out.shape[ob]).filter(|a| fresh(a, &[&m.ta.par, &m.tb.par]))
+        let Some(axis) = axis_at(&m.out.shape, ob).filter(|a| fresh(a, &[&m.ta.par, &m.tb.par]))
         else {
             continue;
         };
@@ -242,18 +300,9 @@ fn reduce_split_kept(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
         if d == *dim || tx.par.partitioner_of(d).is_some() || tx.shape[d].is_one() {
             continue;
         }
-        let Some(axis) = axis_for(&tx.shape[d]).filter(|a| fresh(a, &[&tx.par])) else {
+        let Some(axis) = axis_at(&tx.shape, d).filter(|a| fresh(a, &[&tx.par])) else {
             continue;
         };
-        if tx
-            .shape
-            .iter()
-            .filter(|s| axis_for(s).as_deref() == Some(axis.as_str()))
-            .count()
-            > 1
-        {
-            continue;
-        }
         let out_d = if *keep_dims || d < *dim { d } else { d - 1 };
         let inner = node(
             Op::ReduceAxis {
@@ -281,7 +330,7 @@ fn reduce_split_reduced(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
     if tx.par.partitioner_of(*dim).is_some() || tx.par.0.values().any(|k| *k == ParKind::Partial) {
         return;
     }
-    let Some(axis) = axis_for(&tx.shape[*dim]).filter(|a| fresh(a, &[&tx.par])) else {
+    let Some(axis) = axis_at(&tx.shape, *dim).filter(|a| fresh(a, &[&tx.par])) else {
         return;
     };
     let inner = node(
