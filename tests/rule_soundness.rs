@@ -233,6 +233,14 @@ fn evaluate(
 }
 
 /// Largest relative L2 error between two values, tile by tile.
+/// True when every element of every tile is finite.
+fn all_finite(v: &Value) -> bool {
+    match v {
+        Value::Tensor(x) => x.tiles.iter().all(|t| t.data.iter().all(|e| e.is_finite())),
+        Value::Tuple(xs) => xs.iter().all(all_finite),
+    }
+}
+
 fn compare(a: &Value, b: &Value) -> f64 {
     match (a, b) {
         (Value::Tensor(x), Value::Tensor(y)) => {
@@ -309,7 +317,8 @@ fn every_rule_is_sound_on_instances() {
             classes.sort();
             for rule in &rules {
                 for &c in &classes {
-                    let pointwise_rule = rule.name.starts_with("pointwise-");
+                    let pointwise_rule =
+                        rule.name.starts_with("pointwise-") || rule.name == "transpose-pointwise";
                     if passed[rule.name][variant.kind()] >= MAX_INSTANCES_PER_RULE
                         && !pointwise_rule
                     {
@@ -376,11 +385,16 @@ fn every_rule_is_sound_on_instances() {
                             rhs.body.results.push(r);
                             let (lb, rb) = (lhs.body, rhs.body);
                             let mut ok = true;
+                            let mut compared = 0;
                             for inputs in [&inputs_unit, &inputs_large] {
                                 let a = evaluate(&module, f, &sizes, lb.clone(), inputs);
                                 let b = evaluate(&module, f, &sizes, rb.clone(), inputs);
                                 match (a, b) {
+                                    // A reference that overflowed asks nothing (as in
+                                    // `check`): no identity holds in f32 past its range.
+                                    (Ok(a), Ok(_)) if !all_finite(&a) => {}
                                     (Ok(a), Ok(b)) => {
+                                        compared += 1;
                                         let e = compare(&a, &b);
                                         if e > 0.01 {
                                             if std::env::var_os("EFOPT_DEBUG_RULES").is_some() {
@@ -408,7 +422,7 @@ fn every_rule_is_sound_on_instances() {
                                     }
                                 }
                             }
-                            if ok {
+                            if ok && compared > 0 {
                                 passed.get_mut(rule.name).expect("rule")[variant.kind()] += 1;
                                 if let Some(o) = operator.filter(|_| pointwise_rule) {
                                     *per_operator.entry((rule.name, o)).or_default() += 1;
@@ -461,6 +475,7 @@ fn every_rule_is_sound_on_instances() {
         "pointwise-replicate-in",
         "pointwise-replicate-out",
         "pointwise-combination-out",
+        "transpose-pointwise",
     ] {
         for o in &operators {
             if !per_operator.contains_key(&(rule, o.clone())) {
