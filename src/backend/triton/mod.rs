@@ -25,6 +25,7 @@ mod host;
 mod kernel;
 mod names;
 mod ops;
+mod skip;
 
 pub use host::emit_function;
 pub use names::dtype_host;

@@ -1,0 +1,1 @@
+//! Interval analysis against brute force.
