@@ -148,6 +148,7 @@ impl KernelEmitter<'_, '_> {
                 let (a, b) = two(a, b);
                 format!("({a} - {b})")
             }
+            IExpr::Mul(k, x) if **k == IExpr::Const(-1) => format!("(-{})", self.bound(x, locals)),
             IExpr::Mul(a, b) => {
                 let (a, b) = two(a, b);
                 format!("({a} * {b})")

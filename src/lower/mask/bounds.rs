@@ -54,13 +54,27 @@ impl IExpr {
         }
     }
 
+    /// `k·x` with `k < 0`, as `(−k, x)`.
+    fn negative_multiple(e: &IExpr) -> Option<(i64, IExpr)> {
+        match e {
+            IExpr::Mul(k, x) => match **k {
+                IExpr::Const(k) if k < 0 => Some((k.checked_neg()?, (**x).clone())),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
     pub fn add(a: IExpr, b: IExpr) -> IExpr {
         match (a.as_const(), b.as_const()) {
             (Some(x), Some(y)) => IExpr::Const(x.saturating_add(y)),
             (Some(0), _) => b,
             (_, Some(0)) => a,
             (_, Some(y)) if y < 0 => IExpr::Sub(Box::new(a), Box::new(IExpr::Const(-y))),
-            _ => IExpr::Add(Box::new(a), Box::new(b)),
+            _ => match IExpr::negative_multiple(&b) {
+                Some((k, x)) => IExpr::sub(a, IExpr::mul(IExpr::c(k), x)),
+                None => IExpr::Add(Box::new(a), Box::new(b)),
+            },
         }
     }
 
@@ -68,9 +82,13 @@ impl IExpr {
         match (a.as_const(), b.as_const()) {
             (Some(x), Some(y)) => IExpr::Const(x.saturating_sub(y)),
             (_, Some(0)) => a,
+            (Some(0), _) => IExpr::mul(IExpr::c(-1), b),
             (_, Some(y)) if y < 0 => IExpr::Add(Box::new(a), Box::new(IExpr::Const(-y))),
             _ if a == b => IExpr::Const(0),
-            _ => IExpr::Sub(Box::new(a), Box::new(b)),
+            _ => match IExpr::negative_multiple(&b) {
+                Some((k, x)) => IExpr::add(a, IExpr::mul(IExpr::c(k), x)),
+                None => IExpr::Sub(Box::new(a), Box::new(b)),
+            },
         }
     }
 
@@ -80,6 +98,14 @@ impl IExpr {
             (Some(0), _) | (_, Some(0)) => IExpr::Const(0),
             (Some(1), _) => b,
             (_, Some(1)) => a,
+            (Some(k), None) => match b {
+                // k·(m·x) = (k·m)·x
+                IExpr::Mul(m, x) if m.as_const().is_some() => {
+                    IExpr::mul(IExpr::c(k.saturating_mul(m.as_const().unwrap_or(1))), *x)
+                }
+                b => IExpr::Mul(Box::new(IExpr::Const(k)), Box::new(b)),
+            },
+            (None, Some(_)) => IExpr::mul(b, a),
             _ => IExpr::Mul(Box::new(a), Box::new(b)),
         }
     }

@@ -148,8 +148,9 @@ fn mask_axes(pk: &PlannedKernel, env: &PlanEnv) -> (Vec<String>, f64) {
     (axes, others)
 }
 
-/// Bytes of the tensors the kernel loads only in skipping loops, in the key tiles no program
-/// visits.
+/// Bytes of the tensors the kernel loads only in skipping loops, in the tiles no program
+/// visits. A tile of such a tensor is named by its key tile and by the program's tile along
+/// each grid axis the mask reads that splits it; along other dimensions every tile is read.
 fn skipped_bytes(p: &KernelPlan, pk: &PlannedKernel, env: &mut PlanEnv) -> u64 {
     if pk.skips.is_empty() {
         return 0;
@@ -169,14 +170,17 @@ fn skipped_bytes(p: &KernelPlan, pk: &PlannedKernel, env: &mut PlanEnv) -> u64 {
         if loops != skips.len() {
             continue;
         }
-        let mut visited: BTreeSet<i64> = BTreeSet::new();
+        // The key tiles each program visits.
+        let mut visits: Vec<(BTreeMap<String, i64>, BTreeSet<i64>)> = Vec::new();
         for (coords, _) in &progs {
             env.coords = coords.clone();
+            let mut tiles = BTreeSet::new();
             for s in &skips {
                 for (lo, hi, _) in s.visits.eval(env) {
-                    visited.extend(lo.max(0)..hi.min(env.tiles(axis)));
+                    tiles.extend(lo.max(0)..hi.min(env.tiles(axis)));
                 }
             }
+            visits.push((coords.clone(), tiles));
         }
         let buffers: BTreeSet<_> = pk
             .loads
@@ -186,41 +190,61 @@ fn skipped_bytes(p: &KernelPlan, pk: &PlannedKernel, env: &mut PlanEnv) -> u64 {
             .collect();
         for key in buffers {
             let loads: Vec<_> = pk.loads.iter().filter(|l| l.buffer == key).collect();
-            if !loads
+            let in_loop = loads
                 .iter()
-                .all(|l| l.per_iteration_of.iter().any(|a| a == axis))
-            {
+                .all(|l| l.per_iteration_of.iter().any(|a| a == axis));
+            // One blocking for all its loads, the key dimension split once.
+            let blocking = &loads[0].blocks;
+            let key_dims = blocking
+                .iter()
+                .filter(|b| **b == Block::Split(axis.to_string()))
+                .count();
+            if !in_loop || key_dims != 1 || loads.iter().any(|l| &l.blocks != blocking) {
                 continue;
             }
-            // The one dimension the loop's tiles split.
-            let split: BTreeSet<usize> = loads
-                .iter()
-                .flat_map(|l| {
-                    l.blocks
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, b)| **b == Block::Split(axis.to_string()))
-                        .map(|(i, _)| i)
-                })
-                .collect();
-            let [dim] = split.into_iter().collect::<Vec<_>>()[..] else {
-                continue;
-            };
             let Some(buf) = p.buffer(key) else { continue };
-            let Some(n) = buf.shape.get(dim).map(|d| env.size(d)) else {
+            if buf.shape.len() != blocking.len() {
                 continue;
+            }
+            // The elements of one tile along a dimension split by `a` at coordinate `c`.
+            let clipped = |d: &DimBase, a: &str, c: i64| {
+                let (n, b) = (env.size(d), env.block(a).max(1));
+                (n.min((c + 1) * b) - c * b).max(0) as u64
             };
-            let b = env.block(axis).max(1);
-            let covered: i64 = visited
-                .iter()
-                .map(|j| (n.min((j + 1) * b) - j * b).max(0))
-                .sum();
+            let mut distinct: BTreeSet<(Vec<i64>, i64)> = BTreeSet::new();
+            for (coords, tiles) in &visits {
+                let named: Vec<i64> = blocking
+                    .iter()
+                    .filter_map(|b| match b {
+                        Block::Split(a) if coords.contains_key(a) => Some(coords[a]),
+                        _ => None,
+                    })
+                    .collect();
+                for j in tiles {
+                    distinct.insert((named.clone(), *j));
+                }
+            }
+            let mut kept = 0u64;
+            for (named, j) in &distinct {
+                let mut named = named.iter();
+                let mut elements = 1u64;
+                for (b, d) in blocking.iter().zip(&buf.shape) {
+                    let n = match b {
+                        Block::Split(a) if a == axis => clipped(d, a, *j),
+                        Block::Split(a) if axes.contains(a) => {
+                            clipped(d, a, named.next().copied().unwrap_or(0))
+                        }
+                        _ => env.size(d).max(0) as u64,
+                    };
+                    elements = elements.saturating_mul(n);
+                }
+                kept = kept.saturating_add(elements.saturating_mul(buf.dtype.size_bytes()));
+            }
             let bytes = buf
                 .shape
                 .iter()
                 .fold(1u64, |t, d| t.saturating_mul(env.size(d).max(0) as u64))
                 .saturating_mul(buf.dtype.size_bytes());
-            let kept = (bytes as f64 * covered.clamp(0, n.max(1)) as f64 / n.max(1) as f64) as u64;
             saved = saved.saturating_add(bytes.saturating_sub(kept));
         }
     }
@@ -234,6 +258,9 @@ enum Iter {
     Times(f64),
     /// The tiles the skipping loop `pk.skips[i]` visits in each program.
     Skip(usize),
+    /// Those of its tiles that may be partly masked: where its selects and the values only
+    /// their conditions read are computed.
+    SkipMasked(usize),
 }
 
 /// Elements of a block of type `t`: split dimensions at the schedule's block, whole ones at
@@ -340,7 +367,16 @@ fn tiled_work(p: &KernelPlan, pk: &PlannedKernel, env: &mut PlanEnv) -> u64 {
             Step::Value { node, level } => {
                 let within = level.map_or(0, |l| l + 1).min(open.len());
                 let w = node_work(body, *node, &pk.whole_axes, env);
-                add(&mut work, &open[..within], w);
+                let mut ctx = open[..within].to_vec();
+                for it in ctx.iter_mut() {
+                    if let Iter::Skip(k) = *it {
+                        let s = &pk.skips[k];
+                        if s.selects.iter().any(|(x, _)| x == node) || s.mask_only.contains(node) {
+                            *it = Iter::SkipMasked(k);
+                        }
+                    }
+                }
+                add(&mut work, &ctx, w);
             }
             Step::FoldUpdate { fold } => {
                 let w = update_work(p, pk, *fold, env);
@@ -380,17 +416,23 @@ fn tiled_work(p: &KernelPlan, pk: &PlannedKernel, env: &mut PlanEnv) -> u64 {
     let mut total = 0.0f64;
     for (coords, weight) in progs {
         env.coords = coords;
-        let counts: Vec<f64> = pk
+        let counts: Vec<(f64, f64)> = pk
             .skips
             .iter()
-            .map(|s| s.visits.count(env) as f64)
+            .map(|s| {
+                (
+                    s.visits.count(env) as f64,
+                    s.visits.masked_count(env) as f64,
+                )
+            })
             .collect();
         for (ctx, w) in &work {
             let times: f64 = ctx
                 .iter()
                 .map(|it| match it {
                     Iter::Times(t) => *t,
-                    Iter::Skip(i) => counts.get(*i).copied().unwrap_or(0.0),
+                    Iter::Skip(i) => counts.get(*i).map_or(0.0, |c| c.0),
+                    Iter::SkipMasked(i) => counts.get(*i).map_or(0.0, |c| c.1),
                 })
                 .product();
             total += w * times * weight;

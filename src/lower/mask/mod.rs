@@ -86,6 +86,15 @@ impl Visits {
             .sum()
     }
 
+    /// How many of those tiles are in masked ranges (the selects are written there).
+    pub fn masked_count(&self, env: &dyn Env) -> u64 {
+        self.eval(env)
+            .iter()
+            .filter(|(.., masked)| *masked)
+            .map(|(lo, hi, _)| (hi - lo).max(0) as u64)
+            .sum()
+    }
+
     /// The grid axes whose coordinates the ranges depend on.
     pub fn coords(&self) -> BTreeSet<String> {
         let mut out = BTreeSet::new();
@@ -159,7 +168,8 @@ pub fn visits(terms: &[TermBounds]) -> Visits {
         }
     }
     let mut cursor: Option<IExpr> = None;
-    for [lo, hi, fl, fh] in slots {
+    let count = slots.len();
+    for (i, [lo, hi, fl, fh]) in slots.into_iter().enumerate() {
         let lo_term = lo.clone();
         let start = match &cursor {
             None => lo,
@@ -191,10 +201,12 @@ pub fn visits(terms: &[TermBounds]) -> Visits {
         } else {
             push_segment(&mut v, start, hi.clone(), true);
         }
-        cursor = Some(match cursor {
-            None => hi,
-            Some(c) => local(&mut v, IExpr::max(c, hi)),
-        });
+        if i + 1 < count {
+            cursor = Some(match cursor {
+                None => hi,
+                Some(c) => local(&mut v, IExpr::max(c, hi)),
+            });
+        }
     }
     v
 }
