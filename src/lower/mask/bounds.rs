@@ -65,34 +65,34 @@ impl IExpr {
         }
     }
 
-    pub fn add(a: IExpr, b: IExpr) -> IExpr {
+    pub fn plus(a: IExpr, b: IExpr) -> IExpr {
         match (a.as_const(), b.as_const()) {
             (Some(x), Some(y)) => IExpr::Const(x.saturating_add(y)),
             (Some(0), _) => b,
             (_, Some(0)) => a,
             (_, Some(y)) if y < 0 => IExpr::Sub(Box::new(a), Box::new(IExpr::Const(-y))),
             _ => match IExpr::negative_multiple(&b) {
-                Some((k, x)) => IExpr::sub(a, IExpr::mul(IExpr::c(k), x)),
+                Some((k, x)) => IExpr::minus(a, IExpr::times(IExpr::c(k), x)),
                 None => IExpr::Add(Box::new(a), Box::new(b)),
             },
         }
     }
 
-    pub fn sub(a: IExpr, b: IExpr) -> IExpr {
+    pub fn minus(a: IExpr, b: IExpr) -> IExpr {
         match (a.as_const(), b.as_const()) {
             (Some(x), Some(y)) => IExpr::Const(x.saturating_sub(y)),
             (_, Some(0)) => a,
-            (Some(0), _) => IExpr::mul(IExpr::c(-1), b),
+            (Some(0), _) => IExpr::times(IExpr::c(-1), b),
             (_, Some(y)) if y < 0 => IExpr::Add(Box::new(a), Box::new(IExpr::Const(-y))),
             _ if a == b => IExpr::Const(0),
             _ => match IExpr::negative_multiple(&b) {
-                Some((k, x)) => IExpr::add(a, IExpr::mul(IExpr::c(k), x)),
+                Some((k, x)) => IExpr::plus(a, IExpr::times(IExpr::c(k), x)),
                 None => IExpr::Sub(Box::new(a), Box::new(b)),
             },
         }
     }
 
-    pub fn mul(a: IExpr, b: IExpr) -> IExpr {
+    pub fn times(a: IExpr, b: IExpr) -> IExpr {
         match (a.as_const(), b.as_const()) {
             (Some(x), Some(y)) => IExpr::Const(x.saturating_mul(y)),
             (Some(0), _) | (_, Some(0)) => IExpr::Const(0),
@@ -101,11 +101,11 @@ impl IExpr {
             (Some(k), None) => match b {
                 // k·(m·x) = (k·m)·x
                 IExpr::Mul(m, x) if m.as_const().is_some() => {
-                    IExpr::mul(IExpr::c(k.saturating_mul(m.as_const().unwrap_or(1))), *x)
+                    IExpr::times(IExpr::c(k.saturating_mul(m.as_const().unwrap_or(1))), *x)
                 }
                 b => IExpr::Mul(Box::new(IExpr::Const(k)), Box::new(b)),
             },
-            (None, Some(_)) => IExpr::mul(b, a),
+            (None, Some(_)) => IExpr::times(b, a),
             _ => IExpr::Mul(Box::new(a), Box::new(b)),
         }
     }
@@ -147,9 +147,9 @@ impl IExpr {
     /// `ceil(a / b)` for `b > 0`, as 0 when `a <= 0`: the first tile index `j` with
     /// `j·b >= a`, clamped at 0.
     pub fn ceil_div_clamped(a: IExpr, b: IExpr) -> IExpr {
-        let num = IExpr::add(
+        let num = IExpr::plus(
             IExpr::max(a, IExpr::c(0)),
-            IExpr::sub(b.clone(), IExpr::c(1)),
+            IExpr::minus(b.clone(), IExpr::c(1)),
         );
         IExpr::div_nonneg(num, b)
     }
@@ -157,7 +157,7 @@ impl IExpr {
     /// `floor(a / b) + 1` for `b > 0`, as 0 when `a < 0`: one past the last tile index `j`
     /// with `j·b <= a`, clamped at 0.
     pub fn floor_div_plus_one_clamped(a: IExpr, b: IExpr) -> IExpr {
-        let num = IExpr::max(IExpr::add(a, b.clone()), IExpr::c(0));
+        let num = IExpr::max(IExpr::plus(a, b.clone()), IExpr::c(0));
         IExpr::div_nonneg(num, b)
     }
 
@@ -258,8 +258,8 @@ mod tests {
 
     #[test]
     fn folding_keeps_symbolic_leaves() {
-        let e = IExpr::add(
-            IExpr::mul(IExpr::Coord("q".into()), IExpr::Block("q".into())),
+        let e = IExpr::plus(
+            IExpr::times(IExpr::Coord("q".into()), IExpr::Block("q".into())),
             IExpr::c(-1),
         );
         assert_eq!(e.eval(&Fixed, &[]), 47);

@@ -22,6 +22,8 @@ use std::collections::{BTreeMap, BTreeSet};
 /// Past this many programs (over the grid axes a mask reads), an even sample of them is
 /// evaluated and scaled.
 const MAX_PROGRAMS: u64 = 1 << 16;
+/// Past this many visited tiles in all, the tiles are not enumerated: the tensors count whole.
+const MAX_TILES: u64 = 1 << 22;
 
 /// A plan's sizes and blocks under a schedule, and one program's grid coordinates.
 pub struct PlanEnv<'p> {
@@ -158,6 +160,10 @@ fn skipped_bytes(p: &KernelPlan, pk: &PlannedKernel, env: &mut PlanEnv) -> u64 {
     let (axes, _) = mask_axes(pk, env);
     let progs = programs(env, &axes);
     let mut saved = 0u64;
+    // A sample of the programs would miss the tiles only the others visit.
+    if progs.iter().any(|(_, w)| *w > 1.0) {
+        return saved;
+    }
     let skipped_axes: BTreeSet<&str> = pk.skips.iter().map(|s| s.axis.as_str()).collect();
     for axis in skipped_axes {
         // Every loop over the axis skips, else the tensor is read whole there.
@@ -172,8 +178,15 @@ fn skipped_bytes(p: &KernelPlan, pk: &PlannedKernel, env: &mut PlanEnv) -> u64 {
         }
         // The key tiles each program visits.
         let mut visits: Vec<(BTreeMap<String, i64>, BTreeSet<i64>)> = Vec::new();
+        let mut enumerated = 0u64;
         for (coords, _) in &progs {
             env.coords = coords.clone();
+            enumerated = skips
+                .iter()
+                .fold(enumerated, |t, s| t.saturating_add(s.visits.count(env)));
+            if enumerated > MAX_TILES {
+                return saved;
+            }
             let mut tiles = BTreeSet::new();
             for s in &skips {
                 for (lo, hi, _) in s.visits.eval(env) {

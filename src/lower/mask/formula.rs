@@ -418,13 +418,16 @@ impl Mask {
     fn range(&self, v: &Var) -> (IExpr, IExpr) {
         match v {
             Var::Grid(a) => {
-                let lo = IExpr::mul(IExpr::Coord(a.clone()), IExpr::Block(a.clone()));
-                let hi = IExpr::sub(IExpr::add(lo.clone(), IExpr::Block(a.clone())), IExpr::c(1));
+                let lo = IExpr::times(IExpr::Coord(a.clone()), IExpr::Block(a.clone()));
+                let hi = IExpr::minus(
+                    IExpr::plus(lo.clone(), IExpr::Block(a.clone())),
+                    IExpr::c(1),
+                );
                 (lo, hi)
             }
             Var::Whole(d) => (
                 IExpr::c(0),
-                IExpr::sub(IExpr::Padded(d.clone()), IExpr::c(1)),
+                IExpr::minus(IExpr::Padded(d.clone()), IExpr::c(1)),
             ),
             Var::Loop => (IExpr::c(0), IExpr::c(0)),
         }
@@ -458,8 +461,8 @@ impl Mask {
             let Some(v) = self.vars.get(p) else { continue };
             let (lo, hi) = self.range(v);
             let (at_min, at_max) = if *c > 0 { (lo, hi) } else { (hi, lo) };
-            rmin = IExpr::add(rmin, IExpr::mul(IExpr::c(*c), at_min));
-            rmax = IExpr::add(rmax, IExpr::mul(IExpr::c(*c), at_max));
+            rmin = IExpr::plus(rmin, IExpr::times(IExpr::c(*c), at_min));
+            rmax = IExpr::plus(rmax, IExpr::times(IExpr::c(*c), at_max));
         }
         let zero = IExpr::c(0);
         if alpha == 0 {
@@ -468,22 +471,24 @@ impl Mask {
             return ((None, Some(may)), (None, Some(sure)));
         }
         let a = alpha.abs();
-        let step = IExpr::mul(IExpr::c(a), block.clone());
+        let step = IExpr::times(IExpr::c(a), block.clone());
         // a·(B − 1): how far the loop index moves within one tile, scaled.
-        let spread = IExpr::mul(IExpr::c(a), IExpr::sub(block.clone(), IExpr::c(1)));
+        let spread = IExpr::times(IExpr::c(a), IExpr::minus(block.clone(), IExpr::c(1)));
         if alpha > 0 {
             // min over tile j: a·j·B + rmin <= 0; max: a·(j·B + B − 1) + rmax <= 0.
             let hi =
-                IExpr::floor_div_plus_one_clamped(IExpr::sub(zero.clone(), rmin), step.clone());
-            let full_hi =
-                IExpr::floor_div_plus_one_clamped(IExpr::sub(IExpr::sub(zero, rmax), spread), step);
+                IExpr::floor_div_plus_one_clamped(IExpr::minus(zero.clone(), rmin), step.clone());
+            let full_hi = IExpr::floor_div_plus_one_clamped(
+                IExpr::minus(IExpr::minus(zero, rmax), spread),
+                step,
+            );
             (
                 (None, Some(IExpr::min(hi, n.clone()))),
                 (None, Some(IExpr::min(full_hi, n.clone()))),
             )
         } else {
             // min: −a·(j·B + B − 1) + rmin <= 0; max: −a·j·B + rmax <= 0.
-            let lo = IExpr::ceil_div_clamped(IExpr::sub(rmin, spread), step.clone());
+            let lo = IExpr::ceil_div_clamped(IExpr::minus(rmin, spread), step.clone());
             let full_lo = IExpr::ceil_div_clamped(rmax, step);
             ((Some(lo), None), (Some(full_lo), None))
         }

@@ -152,18 +152,19 @@ pub fn visits(terms: &[TermBounds]) -> Visits {
             // lo[j+1] < lo[j]  ⇔  lo[j+1] + 1 − lo[j] <= 0: exchange.
             let c = local(
                 &mut v,
-                IExpr::sub(
-                    IExpr::add(slots[j + 1][0].clone(), IExpr::c(1)),
+                IExpr::minus(
+                    IExpr::plus(slots[j + 1][0].clone(), IExpr::c(1)),
                     slots[j][0].clone(),
                 ),
             );
-            for f in 0..4 {
-                let (a, b) = (slots[j][f].clone(), slots[j + 1][f].clone());
-                slots[j][f] = local(
+            let (left, right) = slots.split_at_mut(j + 1);
+            for (x, y) in left[j].iter_mut().zip(right[0].iter_mut()) {
+                let (a, b) = (x.clone(), y.clone());
+                *x = local(
                     &mut v,
                     IExpr::if_non_positive(c.clone(), b.clone(), a.clone()),
                 );
-                slots[j + 1][f] = local(&mut v, IExpr::if_non_positive(c.clone(), a, b));
+                *y = local(&mut v, IExpr::if_non_positive(c.clone(), a, b));
             }
         }
     }
