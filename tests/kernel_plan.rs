@@ -220,6 +220,43 @@ fn a_product_of_a_viewed_scalar_constant_is_refused_by_the_plan() {
     assert_eq!(r.node, node(f, "c"));
 }
 
+/// What a cost model reads of a masked fold: the loop that skips, and how many key tiles
+/// each program visits at a schedule (`tests/lit/lower/masked_traffic.ef`: a decode over
+/// 4096 keys that sees the last 128).
+#[test]
+fn a_sliding_window_fold_exposes_the_tiles_it_visits() {
+    use efopt::lower::mask::cost::PlanEnv;
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/lit/lower/masked_traffic.ef");
+    let (m, info) = module(&std::fs::read_to_string(path).expect("lit input"));
+    let f = m
+        .funcs
+        .iter()
+        .find(|f| f.name == "window_decode")
+        .expect("window_decode");
+    let p = plan(&info, f).expect("plans");
+    let k = &p.kernels[0];
+    assert_eq!(k.skips.len(), 1);
+    let skip = &k.skips[0];
+    assert_eq!(skip.axis, "k");
+    // The loads in the loop are the key and value tiles, one per visited iteration.
+    let in_loop: Vec<_> = k
+        .loads
+        .iter()
+        .filter(|l| l.per_iteration_of == vec!["k".to_string()])
+        .collect();
+    assert_eq!(in_loop.len(), 2);
+    for (block, visited, masked) in [(16, 8, 0), (32, 4, 0), (64, 2, 0), (256, 1, 1)] {
+        let mut s = Schedule::default_for(&p);
+        s.block.insert("k".into(), block);
+        let mut env = PlanEnv::new(&p, &s);
+        for d in 0..4 {
+            env.coords.insert("d".into(), d);
+            assert_eq!(skip.visits.count(&env), visited, "blocks of {block}");
+            assert_eq!(skip.visits.masked_count(&env), masked, "blocks of {block}");
+        }
+    }
+}
+
 fn programs() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = Vec::new();

@@ -155,6 +155,41 @@ fn masked_first_tiles_and_one_row_queries_run_and_compile() {
     }
 }
 
+/// Folds that skip the key tiles their mask removes entirely and mask only the tiles it does
+/// not keep entirely (`tests/lit/lower/masked_folds.ef`): causal, sliding-window (narrower
+/// and wider than a tile; late rows' first key tiles fully masked) and sink masks, prefill
+/// and decode, at sizes no block divides, two windows sorted at run time, rows that see no
+/// key; and folds that must not skip (a running maximum
+/// filled with 0, a sum filled with 1, an unguarded online softmax), which visit every tile.
+/// All run against the reference interpreter with blocks of 16 and 32 and compile for sm_90.
+#[test]
+fn masked_folds_skip_tiles_run_and_compile() {
+    check_counts("tests/lit/lower/masked_folds.ef", &[], 12, 12);
+}
+
+/// The corpus's masked attention, extracted (single-kernel candidates, whose loops skip
+/// masked key tiles) at sizes no block divides, run and compiled.
+#[test]
+fn masked_corpus_candidates_at_odd_sizes_run_and_compile() {
+    for (name, sizes) in [
+        ("causal_prefill", &["Q=40", "K=40"][..]),
+        ("sliding_window_prefill", &["Q=40", "K=40"][..]),
+        ("attention_sinks_window", &["Q=40", "K=40"][..]),
+        ("sliding_window_decode", &["K=100"][..]),
+        ("attention_sinks_decode", &["K=100"][..]),
+    ] {
+        let summary = check_file(
+            &format!("tests/corpus/{name}.ef"),
+            sizes,
+            "saturate,extract{max-candidates=8 max-kernels=1},triton-check{compile=sm_90 blocks=16,32 sample=2}",
+        );
+        assert!(
+            count(&summary, " kernel compilation") > 0,
+            "{name}: {summary}"
+        );
+    }
+}
+
 /// Constant results (a mask from `iota`s, a `fill`) and a tensor-level `iota`, which had no
 /// kernel or were refused (tests/lit/lower/constants.ef).
 #[test]

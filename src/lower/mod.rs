@@ -3,7 +3,9 @@
 //! - this module: the kernel graph (below), and traffic and work for `--stats=json`;
 //! - [`plan`]: the [`KernelPlan`] (buffers, axes, folds, loads, stores, schedule space, cost
 //!   facts) and the one place a construct is refused;
-//! - [`walk`]: the order in which a kernel computes its values, and in which loop.
+//! - [`walk`]: the order in which a kernel computes its values, and in which loop;
+//! - [`mask`]: fold loops that skip the key tiles their mask removes entirely, and traffic and
+//!   work counted over the tiles a plan visits.
 //!
 //! # Kernel graphs from tiled programs
 //!
@@ -18,6 +20,7 @@
 //! Constant expressions (built from `fill`/`constant`/`iota` only) are computed inline where
 //! they are used. Launch order follows data dependencies.
 
+pub mod mask;
 pub mod plan;
 pub mod walk;
 
@@ -463,6 +466,21 @@ fn elements(t: &TensorType, bindings: &[Binding]) -> u64 {
 /// and floating-point work (2·M·N·K per matrix product, one per element otherwise), at the
 /// function's `where` sizes.
 pub fn cost(f: &Function, g: &KernelGraph) -> Cost {
+    let mut c = Cost {
+        kernels: g.kernels.len(),
+        ..Cost::default()
+    };
+    for k in &g.kernels {
+        let kc = kernel_cost(f, g, k);
+        c.bytes_read = c.bytes_read.saturating_add(kc.bytes_read);
+        c.bytes_written = c.bytes_written.saturating_add(kc.bytes_written);
+        c.flops = c.flops.saturating_add(kc.flops);
+    }
+    c
+}
+
+/// [`cost`] of one kernel.
+pub fn kernel_cost(f: &Function, g: &KernelGraph, k: &Kernel) -> Cost {
     let body = &f.body;
     let bytes = |id: &NodeId| -> u64 {
         let mut total = 0u64;
@@ -480,15 +498,19 @@ pub fn cost(f: &Function, g: &KernelGraph) -> Cost {
         total
     };
     let mut c = Cost {
-        kernels: g.kernels.len(),
+        kernels: 1,
         ..Cost::default()
     };
-    for k in &g.kernels {
+    // One block, so that the lines read as they did inside the loop over kernels.
+    {
         let mut reads: BTreeSet<NodeId> = k.reads.iter().copied().collect();
         for id in &k.nodes {
             for o in body.node(*id).kind.operands() {
                 if let Some(b) = g.load_base[o.index()] {
-                    reads.insert(b);
+                    // A view of a constant expression is computed where it is used.
+                    if !g.constant[b.index()] {
+                        reads.insert(b);
+                    }
                 } else if matches!(body.node(o).kind, ExprKind::Input | ExprKind::Param) {
                     // A tensor-level operator reads an input whole, with no view between.
                     reads.insert(o);

@@ -13,6 +13,7 @@
 //! once per iteration of the loops around the load), along which grid axes several programs
 //! read the same tile, and which values every program recomputes.
 
+use super::mask::LoopSkip;
 use super::walk::{self, field_types, varies_along, Block, Step, Walk};
 use super::{kernel_graph, store_axes, tiled, Kernel, KernelGraph};
 use crate::ir::*;
@@ -121,6 +122,9 @@ pub struct PlannedKernel {
     pub recomputed: Vec<Recomputed>,
     /// What it computes, in order, and in which loop.
     pub steps: Vec<Step>,
+    /// The fold loops that visit only the key tiles their mask may keep (see
+    /// [`super::mask`]): the loads in them are read once per *visited* iteration.
+    pub skips: Vec<LoopSkip>,
 }
 
 /// A parallel axis the function names.
@@ -427,6 +431,16 @@ fn planned_kernel(
             recomputed.push(Recomputed { node: *n, along });
         }
     }
+    let skips = super::mask::plan_skips(&super::mask::KernelCx {
+        f,
+        info,
+        g,
+        whole: &whole,
+        grid: &grid_axes,
+        outputs: &k.outputs,
+        steps: &walked.steps,
+        folds: &folds,
+    });
     PlannedKernel {
         kernel: k.clone(),
         grid_axes,
@@ -438,6 +452,7 @@ fn planned_kernel(
         reads: walked.reads,
         recomputed,
         steps: walked.steps,
+        skips,
     }
 }
 

@@ -7,7 +7,8 @@ use super::{NamedPass, Pass, PassContext};
 use crate::backend::triton::{emit_module, TritonOptions};
 use crate::diag::Diagnostic;
 use crate::ir::{Function, Module, NodeId};
-use crate::lower::{cost, plan, KernelPlan};
+use crate::lower::mask::plan_cost;
+use crate::lower::{plan, KernelPlan};
 use crate::verify::ModuleInfo;
 
 #[derive(Clone, Debug, Default)]
@@ -130,7 +131,7 @@ impl Pass for LowerPass {
         for p in &plans {
             let f = p.function;
             {
-                let c = cost(f, &p.graph);
+                let c = plan_cost(p);
                 cx.report.push(format!(
                     "// lower @{}: {} kernel(s), {} bytes read, {} bytes written, {} flops",
                     f.name, c.kernels, c.bytes_read, c.bytes_written, c.flops

@@ -431,6 +431,16 @@ impl KernelEmitter<'_, '_> {
         for l in lines {
             self.line_at(level, format!("    {l}"));
         }
+        self.after_loop(a, level, group)
+    }
+
+    /// After the loop (or loops, `skip.rs`) over `a` written at `level`: its folds' results.
+    pub(super) fn after_loop(
+        &mut self,
+        a: &str,
+        level: Option<usize>,
+        group: Vec<NodeId>,
+    ) -> WResult {
         // The loop left the offsets of its last tile: a grid axis gets its own back.
         if self.kernel.grid_axes.iter().any(|g| g == a) && !self.whole.contains(a) {
             let coord = self.grid_coordinate(a);

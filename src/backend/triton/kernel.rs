@@ -132,6 +132,11 @@ pub(super) struct KernelEmitter<'c, 'a> {
     pub(super) loop_groups: Vec<Vec<NodeId>>,
     /// Results of finished folds, until their `Value` step.
     pub(super) fold_results: HashMap<NodeId, Val>,
+    /// While a skipping loop's body is written for fully kept tiles: its masked selects, each
+    /// written as the operand it keeps, and the values only their conditions read (not
+    /// written).
+    pub(super) unmasked: HashMap<NodeId, NodeId>,
+    pub(super) mask_only: BTreeSet<NodeId>,
 }
 
 /// A kernel's text, its launch arguments and its grid.
@@ -170,6 +175,8 @@ pub(super) fn emit_kernel(
         recent_inits: Vec::new(),
         loop_groups: Vec::new(),
         fold_results: HashMap::new(),
+        unmasked: HashMap::new(),
+        mask_only: BTreeSet::new(),
     };
     for b in &ctx.f.bindings {
         e.names.reserve(&b.name);
@@ -194,9 +201,7 @@ pub(super) fn emit_kernel(
         e.axis_offsets_from(a, &coord, None);
     }
     // The body, in the plan's order.
-    for s in &pk.steps {
-        e.step(s)?;
-    }
+    e.steps(pk, 0, pk.steps.len())?;
     if let Some(o) = k.outputs.iter().find(|o| !e.stored.contains(o)) {
         return Err((*o, "an output the plan does not store".into()));
     }
@@ -472,7 +477,13 @@ impl KernelEmitter<'_, '_> {
 
     /// A `Value` step: the value computed, named when it is not a name already, at `level`.
     fn value_step(&mut self, id: NodeId, level: Option<usize>) -> Result<(), (NodeId, String)> {
-        let v = self.compute(id)?;
+        if self.mask_only.contains(&id) {
+            return Ok(());
+        }
+        let v = match self.unmasked.get(&id) {
+            Some(kept) => self.kept(id, *kept)?,
+            None => self.compute(id)?,
+        };
         let v = match v {
             Val::Tile { expr, dims } if !is_simple(&expr) => {
                 let name = self.f_name(id);

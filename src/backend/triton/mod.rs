@@ -2,7 +2,8 @@
 //!
 //! Files: `names` (identifiers, dtypes, literals), `host` (the host function), `kernel` (a
 //! kernel's signature, values, loads, stores), `folds` (loops and fold state), `ops` (block
-//! operators and inlined reducer bodies).
+//! operators and inlined reducer bodies), `skip` (fold loops over the key tiles a mask may
+//! keep, the plan's `skips`).
 //!
 //! Every tile is a Triton block. A block dimension is either split by a parallel axis (length
 //! `BLOCK_<axis>`, offsets `c_<axis> * BLOCK_<axis> + arange`), or whole (length the next power
@@ -25,6 +26,7 @@ mod host;
 mod kernel;
 mod names;
 mod ops;
+mod skip;
 
 pub use host::emit_function;
 pub use names::dtype_host;
