@@ -167,6 +167,35 @@ fn masked_folds_skip_tiles_run_and_compile() {
     check_counts("tests/lit/lower/masked_folds.ef", &[], 12, 12);
 }
 
+/// The case studies' optimised forms (examples/*_fused.ef, examples/qknorm_mla_absorbed.ef)
+/// at small sizes no block divides: every construct lowers, runs against the reference
+/// interpreter and compiles. The window and sink masks are offset by sizes (`T − 1`, `W`),
+/// and their folds skip the masked key tiles.
+#[test]
+fn case_study_forms_run_and_compile() {
+    for (name, sizes) in [
+        (
+            "sliding_window_gqa_fused",
+            &["KVH=2", "T=72", "D=16", "W=20"][..],
+        ),
+        (
+            "attention_sinks_fused",
+            &["NH=2", "T=72", "D=16", "W=20"][..],
+        ),
+        ("mhc_fused", &["B=5", "C=24"][..]),
+        (
+            "differential_attention_fused",
+            &["NH=2", "T=40", "D=8", "DV=16"][..],
+        ),
+    ] {
+        let summary = check_example(name, sizes, "triton-check{compile=sm_90 blocks=16,32}");
+        assert!(
+            count(&summary, " kernel compilation") > 0,
+            "{name}: {summary}"
+        );
+    }
+}
+
 /// The corpus's masked attention, extracted (single-kernel candidates, whose loops skip
 /// masked key tiles) at sizes no block divides, run and compiled.
 #[test]

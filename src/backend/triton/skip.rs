@@ -10,7 +10,7 @@
 
 use super::kernel::{KernelEmitter, Val};
 use super::names::p2_name;
-use crate::ir::NodeId;
+use crate::ir::{DimBase, NodeId};
 use crate::lower::mask::{IExpr, LoopSkip};
 use crate::lower::plan::PlannedKernel;
 use crate::lower::walk::Step;
@@ -139,6 +139,10 @@ impl KernelEmitter<'_, '_> {
             IExpr::Block(a) => format!("BLOCK_{a}"),
             IExpr::Padded(d) => p2_name(d),
             IExpr::Tiles(a) => format!("EXT_{a}"),
+            // Every `where` binding is a kernel argument under its own name.
+            IExpr::Size(DimBase::Sym(d)) => d.to_string(),
+            IExpr::Size(DimBase::Lit(n)) => n.to_string(),
+            IExpr::Size(DimBase::Extent(a)) => format!("EXT_{a}"),
             IExpr::Local(i) => locals.get(*i).cloned().unwrap_or_else(|| "0".into()),
             IExpr::Add(a, b) => {
                 let (a, b) = two(a, b);

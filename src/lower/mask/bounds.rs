@@ -21,6 +21,9 @@ pub enum IExpr {
     Padded(DimBase),
     /// The number of tiles of an axis (`EXT_<axis>`).
     Tiles(String),
+    /// A dimension's size (a kernel argument): masks offset by `T − 1` (the last key index)
+    /// or by a window of `W` keys, written as reductions of `iota` and `fill`.
+    Size(DimBase),
     /// A value computed earlier in the same program (see [`super::Visits`]).
     Local(usize),
     Add(Box<IExpr>, Box<IExpr>),
@@ -40,6 +43,7 @@ pub trait Env {
     fn block(&self, axis: &str) -> i64;
     fn padded(&self, d: &DimBase) -> i64;
     fn tiles(&self, axis: &str) -> i64;
+    fn size(&self, d: &DimBase) -> i64;
 }
 
 impl IExpr {
@@ -168,6 +172,7 @@ impl IExpr {
             IExpr::Block(a) => env.block(a),
             IExpr::Padded(d) => env.padded(d),
             IExpr::Tiles(a) => env.tiles(a),
+            IExpr::Size(d) => env.size(d),
             IExpr::Local(i) => locals.get(*i).copied().unwrap_or(0),
             IExpr::Add(a, b) => a.eval(env, locals).saturating_add(b.eval(env, locals)),
             IExpr::Sub(a, b) => a.eval(env, locals).saturating_sub(b.eval(env, locals)),
@@ -202,6 +207,7 @@ impl IExpr {
             | IExpr::Block(_)
             | IExpr::Padded(_)
             | IExpr::Tiles(_)
+            | IExpr::Size(_)
             | IExpr::Local(_) => {}
             IExpr::Add(a, b)
             | IExpr::Sub(a, b)
@@ -238,6 +244,9 @@ mod tests {
         }
         fn tiles(&self, _: &str) -> i64 {
             5
+        }
+        fn size(&self, _: &DimBase) -> i64 {
+            70
         }
     }
 

@@ -74,6 +74,10 @@ impl Env for PlanEnv<'_> {
         n.checked_next_power_of_two().unwrap_or(n) as i64
     }
 
+    fn size(&self, d: &DimBase) -> i64 {
+        PlanEnv::size(self, d)
+    }
+
     fn tiles(&self, axis: &str) -> i64 {
         match self.dims.get(axis) {
             Some(d) if !matches!(d, DimBase::Extent(_)) => {

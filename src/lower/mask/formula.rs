@@ -45,34 +45,54 @@ pub enum Var {
     Whole(DimBase),
 }
 
-/// `Σ coef·index + constant`, indices keyed by their position from the right.
+/// `Σ coef·index + Σ size_coef·size + constant`, indices keyed by their position from the
+/// right. Size terms come from offsets written as reductions over whole dimensions: the last
+/// key index `reduce iota[T] @max` is `T − 1`, a window `reduce fill[1] of W @add` is `W`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Affine {
     pub coef: BTreeMap<usize, i64>,
+    pub sizes: BTreeMap<DimBase, i64>,
     pub constant: i64,
 }
 
 impl Affine {
     fn constant(c: i64) -> Affine {
         Affine {
-            coef: BTreeMap::new(),
             constant: c,
+            ..Affine::default()
         }
     }
 
     fn index(pos: usize) -> Affine {
         Affine {
             coef: [(pos, 1)].into(),
-            constant: 0,
+            ..Affine::default()
         }
     }
 
+    /// `k` times the size of `d` (a literal dimension folds into the constant).
+    fn size(d: &DimBase, k: i64) -> Option<Affine> {
+        Some(match d {
+            DimBase::Lit(n) => Affine::constant(i64::try_from(*n).ok()?.checked_mul(k)?),
+            d => Affine {
+                sizes: [(d.clone(), k)].into(),
+                ..Affine::default()
+            },
+        })
+    }
+
+    /// True when no index appears: the same value at every element.
+    fn is_uniform(&self) -> bool {
+        self.coef.is_empty()
+    }
+
     fn scale(mut self, k: i64) -> Option<Affine> {
-        for v in self.coef.values_mut() {
+        for v in self.coef.values_mut().chain(self.sizes.values_mut()) {
             *v = v.checked_mul(k)?;
         }
         self.constant = self.constant.checked_mul(k)?;
         self.coef.retain(|_, v| *v != 0);
+        self.sizes.retain(|_, v| *v != 0);
         Some(self)
     }
 
@@ -81,18 +101,34 @@ impl Affine {
             let e = self.coef.entry(p).or_insert(0);
             *e = e.checked_add(v.checked_mul(sign)?)?;
         }
+        for (d, v) in other.sizes {
+            let e = self.sizes.entry(d).or_insert(0);
+            *e = e.checked_add(v.checked_mul(sign)?)?;
+        }
         self.constant = self
             .constant
             .checked_add(other.constant.checked_mul(sign)?)?;
         self.coef.retain(|_, v| *v != 0);
+        self.sizes.retain(|_, v| *v != 0);
         Some(self)
     }
 
-    /// Its value at one assignment of the indices.
-    pub fn at(&self, index: &dyn Fn(usize) -> i64) -> i64 {
-        self.coef
+    /// Its value at one assignment of the indices and sizes.
+    pub fn at(&self, index: &dyn Fn(usize) -> i64, size: &dyn Fn(&DimBase) -> i64) -> i64 {
+        let sizes = self
+            .sizes
             .iter()
-            .fold(self.constant, |s, (p, c)| s + c * index(*p))
+            .fold(self.constant, |s, (d, c)| s + c * size(d));
+        self.coef.iter().fold(sizes, |s, (p, c)| s + c * index(*p))
+    }
+
+    /// The part without indices as an integer expression.
+    fn uniform_part(&self) -> IExpr {
+        self.sizes
+            .iter()
+            .fold(IExpr::c(self.constant), |e, (d, c)| {
+                IExpr::plus(e, IExpr::times(IExpr::c(*c), IExpr::Size(d.clone())))
+            })
     }
 }
 
@@ -156,7 +192,7 @@ fn simplify(terms: Dnf) -> Dnf {
         let mut never = false;
         for a in t {
             match &a {
-                Atom::Le(e) if e.coef.is_empty() => never |= e.constant > 0,
+                Atom::Le(e) if e.coef.is_empty() && e.sizes.is_empty() => never |= e.constant > 0,
                 _ => kept.push(a),
             }
         }
@@ -321,10 +357,18 @@ impl Analyzer<'_> {
             }
         }
         match &self.body.node(n).kind {
-            ExprKind::Constant(v) => {
+            ExprKind::Constant(v) | ExprKind::Fill(v) => {
                 let exact = v.fract() == 0.0 && v.abs() < (1u64 << 31) as f64;
                 exact.then(|| Affine::constant(*v as i64))
             }
+            // A replica holds the same values.
+            ExprKind::Replicate(_, x) => self.affine(*x, view, vars),
+            ExprKind::Reduce {
+                input,
+                over: ReduceOver::Axis(d),
+                reducer: ReducerRef::Builtin(r),
+                ..
+            } => self.reduced(*input, d, *r),
             ExprKind::Iota(d) => {
                 let view = view?;
                 let t = self.ty(n)?;
@@ -355,6 +399,53 @@ impl Analyzer<'_> {
             ExprKind::Unary(UnaryOp::Neg, x) => self.affine(*x, view, vars)?.scale(-1),
             // Indices and offsets are integers: a cast between i32 and f32 keeps them.
             ExprKind::Cast(DType::I32 | DType::F32, x) => self.affine(*x, view, vars),
+            _ => None,
+        }
+    }
+}
+
+impl Analyzer<'_> {
+    /// A built-in reduction over a whole dimension of an affine value, when it is uniform
+    /// (the same at every remaining index): `@max`/`@min` of `c·i + u` over `i` in
+    /// `0 … N − 1` is `u` plus `c·(N − 1)` or 0 by the sign of `c`; `@add` of a uniform `u` is
+    /// `N·u` for a constant `u`. Its indices are read apart from the mask's (the reduced index
+    /// is no index of the result).
+    fn reduced(&self, input: NodeId, d: &DimRef, r: BuiltinReducer) -> Option<Affine> {
+        let t = self.ty(input)?;
+        let i = resolve_dim(&t.shape, d).ok()?;
+        let dim = t.shape.get(i)?;
+        if !dim.splits.is_empty() || t.par.partitioner_of(i).is_some() {
+            return None;
+        }
+        // A view splitting the reduced dimension reduces one tile of it, not all of it.
+        if let Some((_, b)) = self.view_blocks(input) {
+            if !matches!(b.get(i), Some(Block::Whole(_) | Block::One)) {
+                return None;
+            }
+        }
+        let mut inner: Vars = Some(BTreeMap::new());
+        let x = self.affine(input, None, &mut inner)?;
+        let pos = t.shape.len() - 1 - i;
+        let c = x.coef.get(&pos).copied().unwrap_or(0);
+        let mut rest = x.clone();
+        rest.coef.remove(&pos);
+        if !rest.is_uniform() {
+            return None;
+        }
+        match r {
+            BuiltinReducer::Max | BuiltinReducer::Min => {
+                let towards_end = (c > 0) == (r == BuiltinReducer::Max);
+                if c == 0 || !towards_end {
+                    Some(rest)
+                } else {
+                    // c·(N − 1)
+                    rest.plus(Affine::size(&dim.base, c)?, 1)?
+                        .plus(Affine::constant(c), -1)
+                }
+            }
+            BuiltinReducer::Add if c == 0 && rest.sizes.is_empty() => {
+                Affine::size(&dim.base, rest.constant)
+            }
             _ => None,
         }
     }
@@ -452,8 +543,8 @@ impl Mask {
             .map(|(p, _)| *p);
         let alpha = loop_pos.and_then(|p| e.coef.get(&p).copied()).unwrap_or(0);
         // The rest's extremes over the program's tile: each index at the end its sign picks.
-        let mut rmin = IExpr::c(e.constant);
-        let mut rmax = IExpr::c(e.constant);
+        let mut rmin = e.uniform_part();
+        let mut rmax = e.uniform_part();
         for (p, c) in &e.coef {
             if Some(*p) == loop_pos {
                 continue;
@@ -495,10 +586,10 @@ impl Mask {
     }
 
     /// Whether the mask keeps the element at these indices (positions from the right).
-    pub fn holds(&self, index: &dyn Fn(usize) -> i64) -> bool {
+    pub fn holds(&self, index: &dyn Fn(usize) -> i64, size: &dyn Fn(&DimBase) -> i64) -> bool {
         self.terms.iter().any(|t| {
             t.iter().all(|a| match a {
-                Atom::Le(e) => e.at(index) <= 0,
+                Atom::Le(e) => e.at(index, size) <= 0,
                 Atom::Unknown => true,
             })
         })

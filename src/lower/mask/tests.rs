@@ -33,6 +33,13 @@ impl Env for Fixed {
     fn padded(&self, _: &DimBase) -> i64 {
         self.padded
     }
+    fn size(&self, d: &DimBase) -> i64 {
+        match d {
+            DimBase::Lit(n) => *n as i64,
+            DimBase::Sym(s) if s.as_str() == "Q" => self.q,
+            _ => self.k,
+        }
+    }
     fn tiles(&self, a: &str) -> i64 {
         let (n, b) = if a == "q" {
             (self.q, self.bq)
@@ -58,14 +65,18 @@ fn le(col: i64, row: i64, whole: i64, constant: i64) -> Atom {
         .into_iter()
         .filter(|(_, c)| *c != 0)
         .collect();
-    Atom::Le(Affine { coef, constant })
+    Atom::Le(Affine {
+        coef,
+        constant,
+        ..Affine::default()
+    })
 }
 
 /// Whether the mask keeps the element at (whole, row, col), unknowns counted as `unknown`.
-fn keeps(m: &Mask, idx: [i64; 3], unknown: bool) -> bool {
+fn keeps(m: &Mask, idx: [i64; 3], unknown: bool, env: &Fixed) -> bool {
     m.terms.iter().any(|t| {
         t.iter().all(|a| match a {
-            Atom::Le(e) => e.at(&|p| idx[p]) <= 0,
+            Atom::Le(e) => e.at(&|p| idx[p], &|d| env.size(d)) <= 0,
             Atom::Unknown => unknown,
         })
     })
@@ -110,8 +121,8 @@ fn check(m: &Mask, env: &mut Fixed, exact: bool) -> (usize, usize, usize) {
             for w in 0..whole_hi {
                 for r in rows.clone() {
                     for c in cols.clone() {
-                        any |= keeps(m, [c, r, w], true);
-                        all &= keeps(m, [c, r, w], false);
+                        any |= keeps(m, [c, r, w], true, env);
+                        all &= keeps(m, [c, r, w], false, env);
                     }
                 }
             }
@@ -146,6 +157,47 @@ fn random_env(rng: &mut Rng) -> Fixed {
         cq: 0,
         padded: 8,
     }
+}
+
+/// Offsets that are sizes (`T − 1`, the last key index, less a window `W`: masks written with
+/// reductions of `iota` and `fill` so that they scale with `--set`) bound tiles like
+/// constants: random atoms over the key, the query and the sizes K and Q.
+#[test]
+fn masks_offset_by_sizes_visit_every_tile_they_keep() {
+    let mut rng = Rng::new(45);
+    let (mut visited, mut total) = (0, 0);
+    for _ in 0..300 {
+        let terms: Dnf = (0..1 + rng.below(2))
+            .map(|_| {
+                (0..1 + rng.below(2))
+                    .map(|_| {
+                        let c = |rng: &mut Rng| rng.below(3) as i64 - 1;
+                        let Atom::Le(mut e) =
+                            le(c(&mut rng), c(&mut rng), 0, rng.below(41) as i64 - 20)
+                        else {
+                            unreachable!("le makes an affine atom")
+                        };
+                        for d in ["K", "Q"] {
+                            let k = c(&mut rng);
+                            if k != 0 {
+                                e.sizes.insert(DimBase::Sym(Sym::new(d)), k);
+                            }
+                        }
+                        Atom::Le(e)
+                    })
+                    .collect()
+            })
+            .collect();
+        let m = Mask {
+            vars: vars(false),
+            terms,
+        };
+        let mut env = random_env(&mut rng);
+        let exact = m.terms.len() == 1 && m.terms[0].len() == 1;
+        visited += check(&m, &mut env, exact).0;
+        total += env.tiles("q") as usize * env.tiles("k") as usize;
+    }
+    assert!(visited < total, "{visited} of {total} tiles visited");
 }
 
 #[test]
