@@ -399,7 +399,9 @@ impl<'a> Walk<'a> {
             ExprKind::Unary(_, x) | ExprKind::Cast(_, x) | ExprKind::Transpose(_, x) => rank(*x),
             ExprKind::Binary(_, x, y) => rank(*x).max(rank(*y)),
             ExprKind::Select(c, x, y) => rank(*c).max(rank(*x)).max(rank(*y)),
-            ExprKind::TileMatMul { a, .. } | ExprKind::MatMul { a, .. } => rank(*a),
+            ExprKind::TileMatMul { a, b, .. } | ExprKind::MatMul { a, b, .. } => {
+                rank(*a).max(rank(*b))
+            }
             _ => None,
         };
         let own = match ty {
@@ -471,9 +473,12 @@ impl<'a> Walk<'a> {
             ExprKind::TileMatMul { a, b, .. } | ExprKind::MatMul { a, b, .. } => {
                 self.tile(id, *a)?;
                 self.tile(id, *b)?;
+                // Ranks may differ (batched activations times a weight): batch dimensions
+                // broadcast. A block of rank below 2 (a view of a scalar constant) has no
+                // rows and columns to multiply.
                 match (rank(*a), rank(*b)) {
-                    (Some(r), Some(s)) if r >= 2 && r == s => {}
-                    _ => return refuse(id, "a matrix product of operands with different ranks"),
+                    (Some(r), Some(s)) if r >= 2 && s >= 2 => {}
+                    _ => return refuse(id, "a matrix product of a scalar block"),
                 }
             }
             ExprKind::Reduce { input, reducer, .. } => {

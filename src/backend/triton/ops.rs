@@ -277,27 +277,32 @@ impl KernelEmitter<'_, '_> {
             }
             ExprKind::TileMatMul { .. } | ExprKind::MatMul { .. } => {
                 let ((a, da), (b, db)) = (tile(0)?, tile(1)?);
-                let r = da.len();
-                if r < 2 || db.len() != r {
-                    return Err("a matrix product of operands with different ranks".into());
+                let (ra, rb) = (da.len(), db.len());
+                if ra < 2 || rb < 2 {
+                    return Err("a matrix product of a scalar block".into());
                 }
-                let a = match &da[r - 1].mask {
-                    Some(m) => format!("tl.where({m}{}, {a}, 0.0)", index_for(r, r - 1)),
+                let a = match &da[ra - 1].mask {
+                    Some(m) => format!("tl.where({m}{}, {a}, 0.0)", index_for(ra, ra - 1)),
                     None => a,
                 };
-                let b = match &db[r - 2].mask {
-                    Some(m) => format!("tl.where({m}{}, {b}, 0.0)", index_for(r, r - 2)),
+                let b = match &db[rb - 2].mask {
+                    Some(m) => format!("tl.where({m}{}, {b}, 0.0)", index_for(rb, rb - 2)),
                     None => b,
                 };
-                let mut dims: Vec<BlockDim> = da[..r - 1].to_vec();
-                dims.push(db[r - 1].clone());
-                let (m, k, n) = (&da[r - 2].len, &da[r - 1].len, &db[r - 1].len);
+                // Batch dimensions broadcast (a rank-2 weight against batched activations,
+                // a batch dimension of 1 against a full one).
+                let batch = broadcast(&[&da[..ra - 2], &db[..rb - 2]]);
+                let mut dims: Vec<BlockDim> = batch.clone();
+                dims.push(da[ra - 2].clone());
+                dims.push(db[rb - 1].clone());
+                let r = dims.len();
+                let (m, k, n) = (&da[ra - 2].len, &da[ra - 1].len, &db[rb - 1].len);
                 if [m, k, n].iter().any(|l| l.as_str() == "1") {
                     // `tl.dot` needs 16 rows, columns and depth (a decode step has one query
                     // row, batched or not): multiply broadcast operands and sum over the
-                    // depth instead.
-                    let expand_a = format!("[{}None]", ":, ".repeat(r));
-                    let expand_b = format!("[{}None, :, :]", ":, ".repeat(r - 2));
+                    // depth instead. Blocks of different ranks broadcast from the right.
+                    let expand_a = format!("[{}None]", ":, ".repeat(ra));
+                    let expand_b = format!("[{}None, :, :]", ":, ".repeat(rb - 2));
                     return Ok(Val::Tile {
                         expr: format!("tl.sum(({a}){expand_a} * ({b}){expand_b}, axis={})", r - 1),
                         dims,
@@ -323,17 +328,50 @@ impl KernelEmitter<'_, '_> {
                         self.ctx.dot_padded.borrow_mut().insert(name.to_string());
                     }
                 }
-                let expr = if r == 2 {
-                    format!("tl.dot({a}, {b}, out_dtype=tl.float32)")
+                let out_shape: Vec<&str> = dims.iter().map(|d| d.len.as_str()).collect();
+                let expr = if rb == 2 || db[..rb - 2].iter().all(|d| d.len == "1") {
+                    // One weight for every batch entry: the batch dimensions fold into the
+                    // rows of one 2-d `tl.dot` (a block reshape is exact: same lengths back).
+                    let b = if rb == 2 {
+                        b
+                    } else {
+                        format!("tl.reshape({b}, ({k}, {n}))")
+                    };
+                    if ra == 2 && rb == 2 {
+                        format!("tl.dot({a}, {b}, out_dtype=tl.float32)")
+                    } else {
+                        let rows: Vec<&str> = da[..ra - 1].iter().map(|d| d.len.as_str()).collect();
+                        let dot = format!(
+                            "tl.dot(tl.reshape({a}, ({}, {k})), {b}, out_dtype=tl.float32)",
+                            rows.join(" * ")
+                        );
+                        format!("tl.reshape({dot}, ({}))", out_shape.join(", "))
+                    }
                 } else {
-                    // Leading dimensions batch: one 3-d `tl.dot` over their product.
-                    let batch: Vec<&str> = da[..r - 2].iter().map(|d| d.len.as_str()).collect();
-                    let batch_len = batch.join(" * ");
-                    let out_shape: Vec<&str> = batch
-                        .iter()
-                        .copied()
-                        .chain([m.as_str(), n.as_str()])
-                        .collect();
+                    // Leading dimensions batch: each operand broadcast to the common batch
+                    // where it lacks a dimension (or has 1), then one 3-d `tl.dot` over
+                    // their product.
+                    let lens = |ds: &[BlockDim]| ds.iter().map(|d| d.len.clone()).collect::<Vec<_>>();
+                    let full = |x: String, ds: &[BlockDim], tail: [&str; 2]| -> String {
+                        let own = &ds[..ds.len() - 2];
+                        if lens(own) == lens(&batch) {
+                            return x;
+                        }
+                        let extra = batch.len() - own.len();
+                        let kept = vec![":"; ds.len()].join(", ");
+                        let shape: Vec<String> = lens(&batch)
+                            .into_iter()
+                            .chain(tail.iter().map(|t| t.to_string()))
+                            .collect();
+                        format!(
+                            "tl.broadcast_to(({x})[{}{kept}], [{}])",
+                            "None, ".repeat(extra),
+                            shape.join(", ")
+                        )
+                    };
+                    let a = full(a, &da, [m, k]);
+                    let b = full(b, &db, [k, n]);
+                    let batch_len = lens(&batch).join(" * ");
                     format!(
                         "tl.reshape(tl.dot(tl.reshape({a}, ({batch_len}, {m}, {k})), tl.reshape({b}, ({batch_len}, {k}, {n})), out_dtype=tl.float32), ({}))",
                         out_shape.join(", ")
