@@ -309,6 +309,11 @@ impl<'a> Walk<'a> {
         if let ExprKind::Replicate(_, x) = &node.kind {
             return self.value(*x);
         }
+        if let Some((x, t)) = reshape_copy(body, id) {
+            // A reshape that is a result (a copy): its operand's buffer, in its shape.
+            self.blocks_of(t);
+            return self.load_field((self.g.storage(x), 0), t, t.shape.len(), id);
+        }
         if let ExprKind::Reduce {
             over: ReduceOver::Parallel(a),
             ..
@@ -509,6 +514,13 @@ impl<'a> Walk<'a> {
                     return refuse(id, "a reduction over an unknown dimension");
                 }
             }
+            ExprKind::Reshape(_, x) => {
+                // A reshape of a tile (whose blocks `lowerable` found unpadded): `tl.reshape`.
+                self.tile(id, *x)?;
+                if let Some(Type::Tensor(t)) = ty {
+                    self.blocks_of(&t.clone());
+                }
+            }
             ExprKind::Partition(..) | ExprKind::Replicate(..) => {
                 return refuse(id, "a view of a value computed in the kernel")
             }
@@ -552,7 +564,8 @@ impl<'a> Walk<'a> {
         let Some(Type::Tensor(bt)) = bnode.ty.as_ref() else {
             return refuse(at, "a load of a tuple");
         };
-        self.load_field((base, 0), bt, rank, at)
+        // A reshape view is read from the buffer of the value it views, in its own shape.
+        self.load_field((self.g.storage(base), 0), bt, rank, at)
     }
 
     fn load_field(&mut self, key: BufferKey, bt: &TensorType, rank: usize, at: NodeId) -> WResult {
@@ -950,6 +963,20 @@ pub fn stored_tile(body: &Body, o: NodeId) -> (NodeId, Option<Sym>) {
         }
     }
     (cur, leading)
+}
+
+/// A tensor-level reshape of a tensor-level value computed by a kernel of its own (a result;
+/// the others are views, `reshape_views`): its operand and its type. The kernel copies the
+/// operand's buffer, read in the reshape's shape, to its own.
+pub fn reshape_copy(body: &Body, id: NodeId) -> Option<(NodeId, &TensorType)> {
+    let node = body.node(id);
+    let ExprKind::Reshape(_, x) = node.kind else {
+        return None;
+    };
+    match node.ty.as_ref() {
+        Some(Type::Tensor(t)) if t.par.is_empty() && !tiled(body.ty(x)) => Some((x, t)),
+        _ => None,
+    }
 }
 
 /// The tensor types of a value's fields (one for a tensor) and whether it is a tuple.

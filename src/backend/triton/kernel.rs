@@ -7,7 +7,9 @@ use super::Ctx;
 use crate::ir::print::Namer;
 use crate::ir::*;
 use crate::lower::plan::{BufferKey, FoldKind, PlannedKernel};
-use crate::lower::walk::{blocks, field_types, stored_tile, varies_along, Block, Step};
+use crate::lower::walk::{
+    blocks, field_types, reshape_copy, stored_tile, varies_along, Block, Step,
+};
 use crate::lower::{tiled, Kernel};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write;
@@ -546,6 +548,12 @@ impl KernelEmitter<'_, '_> {
         if let ExprKind::Replicate(_, x) = &node.kind {
             return self.lookup(*x);
         }
+        // A reshape that is a result copies its operand's buffer, read in its shape.
+        if let Some((x, t)) = reshape_copy(body, id) {
+            let dims = self.dims_of(t);
+            let key = (self.ctx.g.storage(x), 0);
+            return self.load_field(key, &t.clone(), dims, id);
+        }
         // A fold that loops: its loop is closed, its state is the value.
         if self.fold_kind.contains_key(&id) {
             return self
@@ -673,7 +681,9 @@ impl KernelEmitter<'_, '_> {
         let Some(Type::Tensor(bt)) = bnode.ty.as_ref() else {
             return Err((at, "a load of a tuple".into()));
         };
-        self.load_field((base, 0), &bt.clone(), dims, at)
+        // A reshape view is read from the buffer of the value it views, in its own shape.
+        let key = (self.ctx.g.storage(base), 0);
+        self.load_field(key, &bt.clone(), dims, at)
     }
 
     /// Loads a tile of the stored tensor `key` of type `bt`.

@@ -418,6 +418,19 @@ impl KernelEmitter<'_, '_> {
                     out.pop().ok_or("missing operand")?
                 }
             }
+            ExprKind::Reshape(..) => {
+                // Only of unpadded blocks (`lower::lowerable`): the same elements, row-major.
+                let Some(Type::Tensor(t)) = ty else {
+                    return Err("reshape without a type".into());
+                };
+                let (x, _) = tile(0)?;
+                let dims = self.dims_of(t);
+                let lens: Vec<String> = dims.iter().map(|d| d.len.clone()).collect();
+                Val::Tile {
+                    expr: format!("tl.reshape({x}, ({},))", lens.join(", ")),
+                    dims,
+                }
+            }
             ExprKind::Partition(..) | ExprKind::Replicate(..) => {
                 return Err("a view of a value computed in the kernel".into())
             }

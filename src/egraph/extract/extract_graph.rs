@@ -344,7 +344,9 @@ impl<'a> ExtractGraph<'a> {
                     && !constant[c]
                     && !roots.contains(&(c as u32))
                     && ns.iter().all(|(n, kids)| {
-                        (light(&n.op) && is_compute(&n.op))
+                        // A reshape here is a view (the class is untiled, no constant, no
+                        // result): no kernel of its own.
+                        (light(&n.op) && is_compute(&n.op) && !matches!(n.op, Op::Reshape(_)))
                             || (matches!(n.op, Op::Combination(..) | Op::Collection(_))
                                 && kids.iter().all(|k| !heavy_tile[*k as usize]))
                     })
