@@ -1220,3 +1220,65 @@ fn a_chain_of_stored_values_bounds_the_kernels() {
     assert_eq!(lost, 0, "classes with at most two kernels lost");
     assert!(bounded.candidates.iter().all(|c| kernels(c) <= 2));
 }
+
+/// An e-node `lower` refuses in any program is never picked (`ExtractGraph::new` leaves it
+/// out, by `lower::lowerable`, the test `lower::plan` applies too): on a saturated masked
+/// product whose key index has an alternative the plan refuses (a reshape of an `iota`,
+/// written into the dump by hand: tests/lit/extract/unlowerable_enodes.ef), the search expands
+/// fewer states than with the e-node kept, builds no program the plan refuses, and outputs the
+/// same candidates, each of which the plan accepts.
+#[test]
+fn unlowerable_enodes_are_pruned_at_the_pick() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("tests/lit/extract/unlowerable_enodes.ef"))
+        .expect("the dump");
+    let mut m = efopt::parse::parse_module(&text, 0).expect("parses");
+    efopt::verify::verify_module(&mut m).expect("verifies");
+    let graphs = efopt::passes::saturate::module_egraphs(&m, false).expect("e-graph");
+    let g = &graphs[0];
+    let printed = |x: &ExtractGraph, report: &ExtractReport| -> BTreeSet<String> {
+        report
+            .candidates
+            .iter()
+            .map(|c| {
+                let f = efopt::egraph::extract::reconstruct(x, &c.choice(), "masked.c");
+                efopt::ir::print::print_function(&f, Default::default())
+            })
+            .collect()
+    };
+    let pruned = ExtractGraph::new(g).expect("extractable");
+    let kept = ExtractGraph::with_unlowerable_enodes(g).expect("extractable");
+    assert_eq!((pruned.unlowerable, kept.unlowerable), (1, 0));
+    assert!(pruned
+        .first_unlowerable
+        .as_deref()
+        .is_some_and(|r| r.starts_with("a reshape of a constant expression")));
+    let before = extractor(g, Compaction::Early).run(&kept);
+    let after = extractor(g, Compaction::Early).run(&pruned);
+    assert_eq!(before.stop, ExtractStop::Exhausted);
+    assert_eq!(after.stop, ExtractStop::Exhausted);
+    // Without the pruning, programs with the reshape are built and refused once complete.
+    assert!(before.not_lowerable > 0, "{}", outcome(&before));
+    assert_eq!(after.not_lowerable, 0, "{}", outcome(&after));
+    assert_eq!(after.unlowerable_enodes, 1);
+    assert!(
+        after.expanded < before.expanded,
+        "expanded {} with the pruning, {} without",
+        after.expanded,
+        before.expanded
+    );
+    let found = printed(&pruned, &after);
+    assert_eq!(found, printed(&kept, &before));
+    assert!(!found.is_empty());
+    // Every candidate lowers, and none holds the refused reshape.
+    let check = efopt::passes::extract::lower_check(&g.egraph.analysis.env);
+    for c in &after.candidates {
+        let f = efopt::egraph::extract::reconstruct(&pruned, &c.choice(), "masked.c");
+        assert_eq!(check(&f), Ok(()));
+        assert!(!f
+            .body
+            .nodes
+            .iter()
+            .any(|n| matches!(n.kind, efopt::ir::ExprKind::Reshape(..))));
+    }
+}
