@@ -2,7 +2,7 @@
 //! the plan's order.
 
 use super::folds::FoldRun;
-use super::names::{base_text, dtype_tl, float_lit, ident, namer, p2_name};
+use super::names::{base_text, compute_tl, dtype_tl, ident, lit, namer, p2_name};
 use super::Ctx;
 use crate::ir::print::Namer;
 use crate::ir::*;
@@ -634,19 +634,24 @@ impl KernelEmitter<'_, '_> {
         let bnode = &body.nodes[base.index()];
         if self.ctx.g.constant[base.index()] {
             // A view of a constant expression: the constant on the tile.
+            let dtype = match bnode.ty.as_ref() {
+                Some(Type::Tensor(t)) => t.dtype,
+                _ => DType::F32,
+            };
             return match &bnode.kind {
                 ExprKind::Constant(v) => Ok(Val::Tile {
-                    expr: float_lit(*v),
+                    expr: lit(*v, dtype),
                     dims: vec![],
                 }),
                 ExprKind::Fill(v) => Ok(Val::Tile {
                     expr: format!(
-                        "tl.full([{}], {}, tl.float32)",
+                        "tl.full([{}], {}, {})",
                         dims.iter()
                             .map(|d| d.len.clone())
                             .collect::<Vec<_>>()
                             .join(", "),
-                        float_lit(*v)
+                        lit(*v, dtype),
+                        compute_tl(dtype)
                     ),
                     dims,
                 }),
@@ -659,11 +664,14 @@ impl KernelEmitter<'_, '_> {
                             .unwrap_or(0),
                     };
                     let rank = dims.len();
+                    // Offsets are int32: an i32 iota keeps them (exact), a float one
+                    // converts.
                     Ok(Val::Tile {
                         expr: format!(
-                            "({}){}.to(tl.float32)",
+                            "({}){}.to({})",
                             dims.get(i).map(|d| d.offs.clone()).unwrap_or_default(),
-                            index_for(rank, i)
+                            index_for(rank, i),
+                            compute_tl(dtype)
                         ),
                         dims,
                     })
@@ -722,9 +730,10 @@ impl KernelEmitter<'_, '_> {
             Some(m) => format!("tl.load({addr}, mask={m}, other=0.0)"),
             None => format!("tl.load({addr})"),
         };
+        let to = compute_tl(bt.dtype);
         let expr = match &merged {
-            Some((_, shape, _)) => format!("tl.reshape({load}, {shape}).to(tl.float32)"),
-            None => format!("{load}.to(tl.float32)"),
+            Some((_, shape, _)) => format!("tl.reshape({load}, {shape}).to({to})"),
+            None => format!("{load}.to({to})"),
         };
         Ok(Val::Tile { expr, dims })
     }

@@ -2,15 +2,16 @@
 //! bodies inlined on tiles.
 
 use super::kernel::{broadcast, dim_position, index_for, is_simple, BlockDim, KernelEmitter, Val};
-use super::names::{builtin_identity, dtype_tl, float_lit, ident, PRODUCT_COMBINE};
+use super::names::{builtin_identity, compute_tl, dtype_tl, ident, lit, PRODUCT_COMBINE};
 use crate::ir::*;
 
-/// `r` over dimension `i` of tile `x`: the overhang replaced by the identity first.
+/// `r` over dimension `i` of tile `x` of dtype `dtype`: the overhang replaced by the identity
+/// first.
 pub(super) fn reduce_tile(
     x: &str,
     dims: &[BlockDim],
     i: usize,
-    r: BuiltinReducer,
+    (r, dtype): (BuiltinReducer, DType),
     keep_dims: bool,
 ) -> Result<Val, String> {
     let dim = dims
@@ -21,7 +22,7 @@ pub(super) fn reduce_tile(
         Some(m) => format!(
             "tl.where({m}{}, {x}, {})",
             index_for(dims.len(), i),
-            float_lit(builtin_identity(r))
+            lit(builtin_identity(r), dtype)
         ),
         None => x.to_string(),
     };
@@ -117,12 +118,17 @@ impl KernelEmitter<'_, '_> {
             let (e, d) = vals.get(i).ok_or("missing operand")?.tile()?;
             Ok((e.to_string(), d.to_vec()))
         };
+        // The result's dtype (f32 where unknown: a reducer body's unannotated values).
+        let dtype = match ty {
+            Some(Type::Tensor(t)) => t.dtype,
+            _ => DType::F32,
+        };
         Ok(match kind {
             // A scalar where it is one (a literal, a rank-0 constant), broadcast by its readers;
             // a block of its shape otherwise, which a reduction can reduce.
             ExprKind::Constant(v) if !matches!(ty, Some(Type::Tensor(t)) if !t.shape.is_empty()) => {
                 Val::Tile {
-                    expr: float_lit(*v),
+                    expr: lit(*v, dtype),
                     dims: vec![],
                 }
             }
@@ -134,9 +140,10 @@ impl KernelEmitter<'_, '_> {
                 let lens: Vec<String> = dims.iter().map(|d| d.len.clone()).collect();
                 Val::Tile {
                     expr: format!(
-                        "tl.full([{}], {}, tl.float32)",
+                        "tl.full([{}], {}, {})",
                         lens.join(", "),
-                        float_lit(*v)
+                        lit(*v, dtype),
+                        compute_tl(dtype)
                     ),
                     dims,
                 }
@@ -150,11 +157,13 @@ impl KernelEmitter<'_, '_> {
                 let dims = self.dims_of(t);
                 let i = resolve(d, &dims).ok_or("iota of an unknown dimension")?;
                 let lens: Vec<String> = dims.iter().map(|d| d.len.clone()).collect();
+                // Offsets are int32: an i32 iota keeps them (exact), a float one converts.
                 Val::Tile {
                     expr: format!(
-                        "tl.broadcast_to(({}){}.to(tl.float32), [{}])",
+                        "tl.broadcast_to(({}){}.to({}), [{}])",
                         dims[i].offs,
                         index_for(dims.len(), i),
+                        compute_tl(dtype),
                         lens.join(", ")
                     ),
                     dims,
@@ -175,7 +184,11 @@ impl KernelEmitter<'_, '_> {
                     .checked_sub(xd.len())
                     .ok_or("a broadcast to a lower rank")?;
                 let expr = if xd.is_empty() {
-                    format!("(tl.zeros([{}], tl.float32) + ({x}))", lens.join(", "))
+                    format!(
+                        "(tl.zeros([{}], {}) + ({x}))",
+                        lens.join(", "),
+                        compute_tl(dtype)
+                    )
                 } else {
                     let x = if extra == 0 {
                         x
@@ -225,9 +238,15 @@ impl KernelEmitter<'_, '_> {
                     BinaryOp::Add => format!("({x} + {y})"),
                     BinaryOp::Subtract => format!("({x} - {y})"),
                     BinaryOp::Multiply => format!("({x} * {y})"),
+                    // Integer division truncates toward zero, as the interpreter's rounding
+                    // of the quotient to i32 does.
+                    BinaryOp::Divide if dtype == DType::I32 => format!("({x} // {y})"),
                     BinaryOp::Divide => format!("({x} / {y})"),
                     BinaryOp::Maximum => format!("tl.maximum({x}, {y})"),
                     BinaryOp::Minimum => format!("tl.minimum({x}, {y})"),
+                    BinaryOp::Pow if dtype == DType::I32 => format!(
+                        "tl.exp(({y}).to(tl.float32) * tl.log(({x}).to(tl.float32))).to(tl.int32)"
+                    ),
                     BinaryOp::Pow => format!("tl.exp({y} * tl.log({x}))"),
                     BinaryOp::Less => format!("({x} < {y})"),
                     BinaryOp::LessEqual => format!("({x} <= {y})"),
@@ -410,7 +429,14 @@ impl KernelEmitter<'_, '_> {
                     if r == BuiltinReducer::Mul {
                         self.ctx.uses_product.set(true);
                     }
-                    out.push(reduce_tile(x, dims, i, r, *keep_dims)?);
+                    let field_dtype = match ty {
+                        Some(Type::Tuple(ts)) => match ts.get(out.len()) {
+                            Some(Type::Tensor(t)) => t.dtype,
+                            _ => DType::F32,
+                        },
+                        _ => dtype,
+                    };
+                    out.push(reduce_tile(x, dims, i, (r, field_dtype), *keep_dims)?);
                 }
                 if matches!(ty, Some(Type::Tuple(_))) {
                     Val::Tuple(out)
