@@ -237,7 +237,10 @@ fn reshapes_run_and_compile() {
     assert_eq!(code, Some(0), "{summary}\n{stderr}");
     assert_eq!(count(summary, " function(s) lowered"), 6, "{summary}");
     assert_eq!(count(summary, " not lowered"), 1, "{summary}");
-    assert!(stderr.contains("cannot lower `padded_tile_reshape`"), "{stderr}");
+    assert!(
+        stderr.contains("cannot lower `padded_tile_reshape`"),
+        "{stderr}"
+    );
     assert_eq!(count(summary, " checked"), 6, "{summary}");
     assert_eq!(count(summary, " run(s) ok"), 12, "{summary}");
     assert_eq!(count(summary, " failed"), 0, "{summary}");

@@ -41,9 +41,24 @@ pub fn node_refusal(
     }
     use ExprKind::*;
     match kind {
-        Input | Param | Constant(_) | Fill(_) | Iota(_) | Tuple(_) | Get(..) | Partition(..)
-        | Replicate(..) | Combination(..) | Collection(..) | Unary(..) | Binary(..)
-        | Select(..) | Cast(..) | MatMul { .. } | TileMatMul { .. } | Transpose(..)
+        Input
+        | Param
+        | Constant(_)
+        | Fill(_)
+        | Iota(_)
+        | Tuple(_)
+        | Get(..)
+        | Partition(..)
+        | Replicate(..)
+        | Combination(..)
+        | Collection(..)
+        | Unary(..)
+        | Binary(..)
+        | Select(..)
+        | Cast(..)
+        | MatMul { .. }
+        | TileMatMul { .. }
+        | Transpose(..)
         | Broadcast(..) => None,
         Reduce { reducer, .. } => match reducer {
             ReducerRef::Builtin(_) => None,

@@ -557,8 +557,10 @@ pub fn cost(f: &Function, g: &KernelGraph) -> Cost {
             for o in body.node(*id).kind.operands() {
                 if let Some(b) = g.load_base[o.index()] {
                     reads.insert(g.storage(b));
-                } else if matches!(body.node(g.storage(o)).kind, ExprKind::Input | ExprKind::Param)
-                {
+                } else if matches!(
+                    body.node(g.storage(o)).kind,
+                    ExprKind::Input | ExprKind::Param
+                ) {
                     // A tensor-level operator reads an input whole (or through a reshape
                     // view), with no view between.
                     reads.insert(g.storage(o));

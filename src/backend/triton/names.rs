@@ -78,7 +78,12 @@ pub(super) fn lit(v: f64, d: DType) -> String {
     match d {
         // `as` saturates (NaN to 0), as the interpreter's rounding to i32 clamps.
         DType::I32 => ((v.trunc() as i64).clamp(i32::MIN as i64, i32::MAX as i64)).to_string(),
-        DType::I1 => if v != 0.0 && !v.is_nan() { "True" } else { "False" }.to_string(),
+        DType::I1 => if v != 0.0 && !v.is_nan() {
+            "True"
+        } else {
+            "False"
+        }
+        .to_string(),
         DType::F32 | DType::BF16 | DType::F16 => float_lit(v),
     }
 }

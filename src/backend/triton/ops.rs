@@ -370,7 +370,8 @@ impl KernelEmitter<'_, '_> {
                     // Leading dimensions batch: each operand broadcast to the common batch
                     // where it lacks a dimension (or has 1), then one 3-d `tl.dot` over
                     // their product.
-                    let lens = |ds: &[BlockDim]| ds.iter().map(|d| d.len.clone()).collect::<Vec<_>>();
+                    let lens =
+                        |ds: &[BlockDim]| ds.iter().map(|d| d.len.clone()).collect::<Vec<_>>();
                     let full = |x: String, ds: &[BlockDim], tail: [&str; 2]| -> String {
                         let own = &ds[..ds.len() - 2];
                         if lens(own) == lens(&batch) {
