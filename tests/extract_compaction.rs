@@ -56,6 +56,19 @@ const SOFTMAX_MATMUL: &str = "func softmax_matmul where Q = 16, K = 64, D = 16 {
 }
 ";
 
+/// Heads split from a hidden dimension and merged back by reshapes: views of an input and of
+/// stored values (no kernel of their own in `lower` nor in extraction's kernel model) and a
+/// result that is a reshape (a copy kernel).
+const RESHAPE_HEADS: &str = "func reshape_heads where B = 8 {
+  x: tensor<Bx16, f32> = input
+  h = reshape[Bx2x8](x)
+  e = exp(h)
+  m = reduce e axis=2 reducer=@max keep_dims
+  n = reshape[Bx16](e / m)
+  return n * 2.0, reshape[Bx2x8](n)
+}
+";
+
 /// The example's e-graph after `iterations` iterations of saturation (`row_scale_matmul` and
 /// `softmax_matmul`: the programs above).
 fn saturated_example(name: &str, iterations: usize) -> TypedEGraph {
@@ -63,6 +76,7 @@ fn saturated_example(name: &str, iterations: usize) -> TypedEGraph {
     let text = match name {
         "row_scale_matmul" => ROW_SCALE_MATMUL.to_string(),
         "softmax_matmul" => SOFTMAX_MATMUL.to_string(),
+        "reshape_heads" => RESHAPE_HEADS.to_string(),
         _ => std::fs::read_to_string(root.join(format!("examples/{name}.ef"))).unwrap(),
     };
     let mut g = egraph_of(&text);
@@ -848,10 +862,16 @@ fn stores_pointwise_only(text: &str) -> bool {
 /// `pointwise-kernels=drop` refuses exactly the candidates that store a value computed only
 /// by pointwise operators (and data movement), and pruning partial programs for it loses no
 /// other class: the classes found with it are those found without it, less the ones whose
-/// representative stores such a value.
+/// representative stores such a value. A reshape view stores nothing (`reshape_heads`).
 #[test]
 fn dropping_pointwise_kernels_refuses_exactly_the_programs_that_have_one() {
-    let g = saturated_example("row_scale_matmul", 3);
+    for (name, iterations) in [("row_scale_matmul", 3), ("reshape_heads", 30)] {
+        drops_exactly_the_programs_with_a_pointwise_kernel(name, iterations);
+    }
+}
+
+fn drops_exactly_the_programs_with_a_pointwise_kernel(name: &str, iterations: usize) {
+    let g = saturated_example(name, iterations);
     let x = ExtractGraph::new(&g).expect("extractable");
     let run = |drop: bool| {
         let report = extractor(&g, Compaction::Early)
@@ -1138,6 +1158,7 @@ fn the_kernel_bound_prunes_no_program_within_the_limit() {
         ("ngpt", 30),
         ("row_scale_matmul", 3),
         ("softmax_matmul", 2),
+        ("reshape_heads", 30),
     ] {
         let g = saturated_example(name, iterations);
         let x = ExtractGraph::new(&g).expect("extractable");
