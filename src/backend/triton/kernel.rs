@@ -697,7 +697,7 @@ impl KernelEmitter<'_, '_> {
                 }
                 let v = self.constant_view(*x, operand, whole, at)?;
                 match v.tile() {
-                    Ok((_, d)) if d.is_empty() => Ok(v), // a scalar
+                    Ok((_, [])) => Ok(v), // a scalar
                     _ => {
                         let (kind, ty) = (node.kind.clone(), node.ty.clone());
                         self.op(&kind, vec![v], ty.as_ref(), &dim_position)
