@@ -56,6 +56,19 @@ const SOFTMAX_MATMUL: &str = "func softmax_matmul where Q = 16, K = 64, D = 16 {
 }
 ";
 
+/// Heads split from a hidden dimension and merged back by reshapes: views of an input and of
+/// stored values (no kernel of their own in `lower` nor in extraction's kernel model) and a
+/// result that is a reshape (a copy kernel).
+const RESHAPE_HEADS: &str = "func reshape_heads where B = 8 {
+  x: tensor<Bx16, f32> = input
+  h = reshape[Bx2x8](x)
+  e = exp(h)
+  m = reduce e axis=2 reducer=@max keep_dims
+  n = reshape[Bx16](e / m)
+  return n * 2.0, reshape[Bx2x8](n)
+}
+";
+
 /// The example's e-graph after `iterations` iterations of saturation (`row_scale_matmul` and
 /// `softmax_matmul`: the programs above).
 fn saturated_example(name: &str, iterations: usize) -> TypedEGraph {
@@ -63,6 +76,7 @@ fn saturated_example(name: &str, iterations: usize) -> TypedEGraph {
     let text = match name {
         "row_scale_matmul" => ROW_SCALE_MATMUL.to_string(),
         "softmax_matmul" => SOFTMAX_MATMUL.to_string(),
+        "reshape_heads" => RESHAPE_HEADS.to_string(),
         _ => std::fs::read_to_string(root.join(format!("examples/{name}.ef"))).unwrap(),
     };
     let mut g = egraph_of(&text);
@@ -848,10 +862,16 @@ fn stores_pointwise_only(text: &str) -> bool {
 /// `pointwise-kernels=drop` refuses exactly the candidates that store a value computed only
 /// by pointwise operators (and data movement), and pruning partial programs for it loses no
 /// other class: the classes found with it are those found without it, less the ones whose
-/// representative stores such a value.
+/// representative stores such a value. A reshape view stores nothing (`reshape_heads`).
 #[test]
 fn dropping_pointwise_kernels_refuses_exactly_the_programs_that_have_one() {
-    let g = saturated_example("row_scale_matmul", 3);
+    for (name, iterations) in [("row_scale_matmul", 3), ("reshape_heads", 30)] {
+        drops_exactly_the_programs_with_a_pointwise_kernel(name, iterations);
+    }
+}
+
+fn drops_exactly_the_programs_with_a_pointwise_kernel(name: &str, iterations: usize) {
+    let g = saturated_example(name, iterations);
     let x = ExtractGraph::new(&g).expect("extractable");
     let run = |drop: bool| {
         let report = extractor(&g, Compaction::Early)
@@ -1138,6 +1158,7 @@ fn the_kernel_bound_prunes_no_program_within_the_limit() {
         ("ngpt", 30),
         ("row_scale_matmul", 3),
         ("softmax_matmul", 2),
+        ("reshape_heads", 30),
     ] {
         let g = saturated_example(name, iterations);
         let x = ExtractGraph::new(&g).expect("extractable");
@@ -1219,4 +1240,66 @@ fn a_chain_of_stored_values_bounds_the_kernels() {
         .count();
     assert_eq!(lost, 0, "classes with at most two kernels lost");
     assert!(bounded.candidates.iter().all(|c| kernels(c) <= 2));
+}
+
+/// An e-node `lower` refuses in any program is never picked (`ExtractGraph::new` leaves it
+/// out, by `lower::lowerable`, the test `lower::plan` applies too): on a saturated masked
+/// product whose key index has an alternative the plan refuses (a reshape of an `iota`,
+/// written into the dump by hand: tests/lit/extract/unlowerable_enodes.ef), the search expands
+/// fewer states than with the e-node kept, builds no program the plan refuses, and outputs the
+/// same candidates, each of which the plan accepts.
+#[test]
+fn unlowerable_enodes_are_pruned_at_the_pick() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("tests/lit/extract/unlowerable_enodes.ef"))
+        .expect("the dump");
+    let mut m = efopt::parse::parse_module(&text, 0).expect("parses");
+    efopt::verify::verify_module(&mut m).expect("verifies");
+    let graphs = efopt::passes::saturate::module_egraphs(&m, false).expect("e-graph");
+    let g = &graphs[0];
+    let printed = |x: &ExtractGraph, report: &ExtractReport| -> BTreeSet<String> {
+        report
+            .candidates
+            .iter()
+            .map(|c| {
+                let f = efopt::egraph::extract::reconstruct(x, &c.choice(), "masked.c");
+                efopt::ir::print::print_function(&f, Default::default())
+            })
+            .collect()
+    };
+    let pruned = ExtractGraph::new(g).expect("extractable");
+    let kept = ExtractGraph::with_unlowerable_enodes(g).expect("extractable");
+    assert_eq!((pruned.unlowerable, kept.unlowerable), (1, 0));
+    assert!(pruned
+        .first_unlowerable
+        .as_deref()
+        .is_some_and(|r| r.starts_with("a reshape of a constant expression")));
+    let before = extractor(g, Compaction::Early).run(&kept);
+    let after = extractor(g, Compaction::Early).run(&pruned);
+    assert_eq!(before.stop, ExtractStop::Exhausted);
+    assert_eq!(after.stop, ExtractStop::Exhausted);
+    // Without the pruning, programs with the reshape are built and refused once complete.
+    assert!(before.not_lowerable > 0, "{}", outcome(&before));
+    assert_eq!(after.not_lowerable, 0, "{}", outcome(&after));
+    assert_eq!(after.unlowerable_enodes, 1);
+    assert!(
+        after.expanded < before.expanded,
+        "expanded {} with the pruning, {} without",
+        after.expanded,
+        before.expanded
+    );
+    let found = printed(&pruned, &after);
+    assert_eq!(found, printed(&kept, &before));
+    assert!(!found.is_empty());
+    // Every candidate lowers, and none holds the refused reshape.
+    let check = efopt::passes::extract::lower_check(&g.egraph.analysis.env);
+    for c in &after.candidates {
+        let f = efopt::egraph::extract::reconstruct(&pruned, &c.choice(), "masked.c");
+        assert_eq!(check(&f), Ok(()));
+        assert!(!f
+            .body
+            .nodes
+            .iter()
+            .any(|n| matches!(n.kind, efopt::ir::ExprKind::Reshape(..))));
+    }
 }

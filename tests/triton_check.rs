@@ -276,10 +276,64 @@ fn check_counts(file: &str, sizes: &[&str], functions: u64, kernels: u64) {
 }
 
 /// Broadcasts (new leading dimensions, a size-1 dimension stretched, a scalar), at tensor
-/// level and loaded by a tiled region, all run and compiled; `reshape` is refused.
+/// level and loaded by a tiled region, all run and compiled.
 #[test]
 fn broadcasts_run_and_compile() {
     check_counts("tests/lit/lower/layout.ef", &[], 3, 4);
+}
+
+/// Reshapes (tests/lit/lower/reshape.ef): views of an input and of a stored value (heads split
+/// from the hidden dimension and merged back), a merged result copied by its own kernel, a
+/// chain of views, a view of a stored transpose, tiles of a view, a block reshape of unpadded
+/// tiles: run and compiled. The padded block reshape the file also holds is refused by name.
+#[test]
+fn reshapes_run_and_compile() {
+    let (code, stdout, stderr) = efopt(
+        "tests/lit/lower/reshape.ef",
+        &[],
+        "triton-check{compile=sm_90 blocks=16,32}",
+        &[],
+    );
+    let summary = stdout
+        .lines()
+        .find(|l| l.starts_with("// triton-check:"))
+        .unwrap_or_else(|| panic!("no triton-check summary\n{stdout}\n{stderr}"));
+    assert_eq!(code, Some(0), "{summary}\n{stderr}");
+    assert_eq!(count(summary, " function(s) lowered"), 6, "{summary}");
+    assert_eq!(count(summary, " not lowered"), 1, "{summary}");
+    assert!(
+        stderr.contains("cannot lower `padded_tile_reshape`"),
+        "{stderr}"
+    );
+    assert_eq!(count(summary, " checked"), 6, "{summary}");
+    assert_eq!(count(summary, " run(s) ok"), 12, "{summary}");
+    assert_eq!(count(summary, " failed"), 0, "{summary}");
+    assert!(count(summary, " kernel compilation") >= 10, "{summary}");
+}
+
+/// Matrix products of operands of different ranks (tests/lit/lower/mixed_rank.ef: 3-d × 2-d,
+/// 2-d × 3-d, a batch dimension of 1 on either side, 4-d × 3-d bf16, one row), and every
+/// candidate extraction finds for a batched linear layer (its M, N, K and batch splits; before,
+/// `lower` refused them all): run and compiled.
+#[test]
+fn mixed_rank_products_run_and_compile() {
+    check_counts("tests/lit/lower/mixed_rank.ef", &[], 6, 6);
+    let summary = check_file(
+        "tests/inputs/batched_linear.ef",
+        &[],
+        "saturate,extract,triton-check{compile=sm_90 blocks=16,32}",
+    );
+    assert_eq!(count(&summary, " checked"), 9, "{summary}");
+    assert!(count(&summary, " kernel compilation") >= 9, "{summary}");
+}
+
+/// Masks and integer values (tests/lit/lower/masks.ef): at tensor level, tiled, inside reducer
+/// bodies (an item, or built there from index items), against batched scores, split views of a
+/// broadcast, transposed and reduced mask and a whole view of a user reducer's fold of a
+/// constant; `i32` inputs reduced and divided, `i1` inputs combined: run and compiled.
+#[test]
+fn masks_and_integers_run_and_compile() {
+    check_counts("tests/lit/lower/masks.ef", &[], 11, 20);
 }
 
 /// Hand-written folds: an all-reduce collection fold before the kernel's other loop, a

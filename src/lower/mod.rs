@@ -5,7 +5,8 @@
 //!   facts) and the one place a construct is refused;
 //! - [`walk`]: the order in which a kernel computes its values, and in which loop;
 //! - [`mask`]: fold loops that skip the key tiles their mask removes entirely, and traffic and
-//!   work counted over the tiles a plan visits.
+//!   work counted over the tiles a plan visits;
+//! - [`lowerable`]: what no context lowers, judged node by node (extraction prunes by it).
 //!
 //! # Kernel graphs from tiled programs
 //!
@@ -18,8 +19,13 @@
 //! (`stored_after_fold`): each program folds over every tile, then stores its own. A
 //! tensor-level operator outside any region is a kernel of its own (its default tiling).
 //! Constant expressions (built from `fill`/`constant`/`iota` only) are computed inline where
-//! they are used. Launch order follows data dependencies.
+//! they are used. A tensor-level `reshape` of a stored value (an input, or a value some kernel
+//! stores, all of them contiguous and row-major) is a *view*: no kernel computes it, and its
+//! readers load the stored value's buffer with the reshape's shape (`reshape_view`); a
+//! reshape that is a result is copied by a kernel of its own, which loads its operand's
+//! buffer so. Launch order follows data dependencies.
 
+pub mod lowerable;
 pub mod mask;
 pub mod plan;
 pub mod walk;
@@ -53,6 +59,9 @@ pub struct KernelGraph {
     pub constant: Vec<bool>,
     /// For each load (view chain node), the tensor-level value it reads.
     pub load_base: Vec<Option<NodeId>>,
+    /// For each tensor-level `reshape` that is a view, the stored value whose buffer it reads
+    /// (through any chain of such reshapes): see [`reshape_views`].
+    pub reshape_view: Vec<Option<NodeId>>,
     /// Tuple plumbing at tensor level outside any kernel (`tuple`, and `get` of one): no
     /// kernel computes it; its readers take the fields.
     pub plumbing: Vec<bool>,
@@ -106,6 +115,31 @@ pub fn loads_and_constants(body: &Body) -> (Vec<Option<NodeId>>, Vec<bool>) {
         };
     }
     (load_base, constant)
+}
+
+/// The tensor-level reshapes that are views of a stored value, with the value whose buffer
+/// they read: a `reshape` that is not a result, of a tensor-level operand that is neither a
+/// constant expression (computed where it is read, it has no buffer) nor tuple plumbing. A
+/// stored tensor is contiguous and row-major, so its buffer read with the reshape's shape and
+/// row-major strides is the reshaped tensor.
+pub fn reshape_views(body: &Body, constant: &[bool], plumbing: &[bool]) -> Vec<Option<NodeId>> {
+    let mut view: Vec<Option<NodeId>> = vec![None; body.nodes.len()];
+    for (i, node) in body.nodes.iter().enumerate() {
+        let ExprKind::Reshape(_, x) = node.kind else {
+            continue;
+        };
+        let id = NodeId(i as u32);
+        let viewable = x.index() < i
+            && !tiled(node.ty.as_ref())
+            && !tiled(body.ty(x))
+            && !constant[x.index()]
+            && !plumbing[x.index()]
+            && !body.results.contains(&id);
+        if viewable {
+            view[i] = Some(view[x.index()].unwrap_or(x));
+        }
+    }
+    view
 }
 
 /// The collection under `replicate[a](collection[a](x))` (every tile reading the whole stack,
@@ -212,18 +246,28 @@ pub fn kernel_graph(f: &Function) -> KernelGraph {
     let result: Vec<bool> = (0..n)
         .map(|i| body.results.contains(&NodeId(i as u32)))
         .collect();
+    // Plumbing as far as it is known before the kernels are (a `tuple`, a `get` of one).
+    let early_plumbing: Vec<bool> = {
+        let mut p = vec![false; n];
+        for i in 0..n {
+            p[i] = !in_region_of(nodes, i)
+                && match nodes[i].kind {
+                    ExprKind::Tuple(_) => true,
+                    ExprKind::Get(_, t) => p[t.index()],
+                    _ => false,
+                };
+        }
+        p
+    };
+    let reshape_view = reshape_views(body, &constant, &early_plumbing);
     let skip = |i: usize| {
         !(constant[i] && result[i])
-            && (is_leaf(&nodes[i].kind) || constant[i] || load_base[i].is_some())
+            && (is_leaf(&nodes[i].kind)
+                || constant[i]
+                || load_base[i].is_some()
+                || reshape_view[i].is_some())
     };
-    let in_region = |i: usize| {
-        tiled(nodes[i].ty.as_ref())
-            || nodes[i]
-                .kind
-                .operands()
-                .iter()
-                .any(|o| tiled(nodes[o.index()].ty.as_ref()))
-    };
+    let in_region = |i: usize| in_region_of(nodes, i);
     let mut region = vec![false; n];
     for i in 0..n {
         if skip(i) {
@@ -297,7 +341,8 @@ pub fn kernel_graph(f: &Function) -> KernelGraph {
     for i in (0..n).rev() {
         for o in nodes[i].kind.operands() {
             let o = load_base[o.index()].map_or(o.index(), |b| b.index());
-            if plumbing[i] {
+            // A reshape view's readers read the value it views.
+            if plumbing[i] || reshape_view[i].is_some() {
                 let readers = used_by[i].clone();
                 used_by[o].extend(readers);
             } else if kernel_of[i].is_some()
@@ -437,8 +482,31 @@ pub fn kernel_graph(f: &Function) -> KernelGraph {
         intermediates,
         constant,
         load_base,
+        reshape_view,
         plumbing,
         launch_order,
+    }
+}
+
+/// Whether node `i` lies in a tiled region: tiled itself, or reading a tiled operand.
+fn in_region_of(nodes: &[Node], i: usize) -> bool {
+    tiled(nodes[i].ty.as_ref())
+        || nodes[i]
+            .kind
+            .operands()
+            .iter()
+            .any(|o| tiled(nodes[o.index()].ty.as_ref()))
+}
+
+impl KernelGraph {
+    /// The node whose buffer holds tensor-level value `x`: the value a reshape view reads, else
+    /// `x` itself.
+    pub fn storage(&self, x: NodeId) -> NodeId {
+        self.reshape_view
+            .get(x.index())
+            .copied()
+            .flatten()
+            .unwrap_or(x)
     }
 }
 
@@ -509,11 +577,15 @@ pub fn kernel_cost(f: &Function, g: &KernelGraph, k: &Kernel) -> Cost {
                 if let Some(b) = g.load_base[o.index()] {
                     // A view of a constant expression is computed where it is used.
                     if !g.constant[b.index()] {
-                        reads.insert(b);
+                        reads.insert(g.storage(b));
                     }
-                } else if matches!(body.node(o).kind, ExprKind::Input | ExprKind::Param) {
-                    // A tensor-level operator reads an input whole, with no view between.
-                    reads.insert(o);
+                } else if matches!(
+                    body.node(g.storage(o)).kind,
+                    ExprKind::Input | ExprKind::Param
+                ) {
+                    // A tensor-level operator reads an input whole (or through a reshape
+                    // view), with no view between.
+                    reads.insert(g.storage(o));
                 }
             }
         }

@@ -213,28 +213,10 @@ impl KernelPlan<'_> {
 
 /// Plans a verified function, or says what in it cannot be lowered.
 pub fn plan<'a>(info: &'a ModuleInfo, f: &'a Function) -> Result<KernelPlan<'a>, Refusal> {
-    // Triton indexes blocks with 32-bit integers: a literal dimension past that is refused
-    // before any block length is derived from it.
-    for (i, node) in f.body.nodes.iter().enumerate() {
-        let mut stack: Vec<&Type> = node.ty.iter().collect();
-        while let Some(t) = stack.pop() {
-            match t {
-                Type::Tensor(t) => {
-                    if let Some(n) = t.shape.iter().find_map(|d| match d.base {
-                        DimBase::Lit(n) if n > i32::MAX as u64 => Some(n),
-                        _ => None,
-                    }) {
-                        return Err(Refusal {
-                            node: NodeId(i as u32),
-                            reason: format!(
-                                "a literal dimension of {n}, past Triton's 32-bit indices"
-                            ),
-                        });
-                    }
-                }
-                Type::Tuple(ts) => stack.extend(ts),
-            }
-        }
+    // What no context lowers (`lowerable`), before anything is derived from it.
+    let (_, constant) = super::loads_and_constants(&f.body);
+    if let Some((node, reason)) = super::lowerable::function_refusal(info, f, &constant) {
+        return Err(Refusal { node, reason });
     }
     let graph = kernel_graph(f);
     if !graph.launch_order {

@@ -276,6 +276,7 @@ impl<'a> Walk<'a> {
             if self.g.constant[base.index()] {
                 let r = self.constant_rank(base, t.shape.len());
                 self.block_rank.insert(id, r);
+                return self.constant_view(base, t.shape.len(), whole_view(t), id);
             }
             return self.load(base, t.shape.len(), id);
         }
@@ -308,6 +309,11 @@ impl<'a> Walk<'a> {
         }
         if let ExprKind::Replicate(_, x) = &node.kind {
             return self.value(*x);
+        }
+        if let Some((x, t)) = reshape_copy(body, id) {
+            // A reshape that is a result (a copy): its operand's buffer, in its shape.
+            self.blocks_of(t);
+            return self.load_field((self.g.storage(x), 0), t, t.shape.len(), id);
         }
         if let ExprKind::Reduce {
             over: ReduceOver::Parallel(a),
@@ -374,7 +380,70 @@ impl<'a> Walk<'a> {
                 })
                 .max()
                 .unwrap_or(0),
+            // A transposed scalar is the scalar; a broadcast is written at the view's rank.
+            ExprKind::Transpose(_, x) => self.constant_rank(*x, view),
             _ => view,
+        }
+    }
+
+    /// A view of rank `rank` of constant expression `c`, computed on the view's block:
+    /// leaves on its offsets, elementwise operators on their operands' views (trailing
+    /// dimensions for lower ranks), a transpose on the permuted block, a broadcast on the
+    /// operand's dimensions (a size-1 one a block of 1), a built-in reduction on the operand's
+    /// view with the reduced dimension whole. Any other constant (a user reducer's fold, say)
+    /// only where the view is `whole` (no dimension split): then its block is the constant's,
+    /// computed whole in the kernel.
+    fn constant_view(&mut self, c: NodeId, rank: usize, whole: bool, at: NodeId) -> WResult {
+        let body = &self.f.body;
+        let node = body.node(c);
+        let operand_rank = |o: NodeId| match body.ty(o) {
+            Some(Type::Tensor(t)) => Ok(t.shape.len()),
+            _ => refuse(at, "a view of a tuple constant"),
+        };
+        match &node.kind {
+            ExprKind::Constant(_) | ExprKind::Fill(_) | ExprKind::Iota(_) => Ok(()),
+            ExprKind::Unary(..)
+            | ExprKind::Binary(..)
+            | ExprKind::Select(..)
+            | ExprKind::Cast(..) => {
+                for o in node.kind.operands() {
+                    let r = operand_rank(o)?;
+                    if r > rank {
+                        return refuse(at, "a constant operand of higher rank than its view");
+                    }
+                    self.constant_view(o, r, whole, at)?;
+                }
+                Ok(())
+            }
+            ExprKind::Transpose(_, x) => self.constant_view(*x, rank, whole, at),
+            ExprKind::Reduce {
+                input,
+                over: ReduceOver::Axis(d),
+                reducer: ReducerRef::Builtin(_),
+                ..
+            } => {
+                // Computed on the view's block with the reduced dimension whole (it is not in
+                // the view, or is 1 there: never split), then reduced.
+                let Some(Type::Tensor(t)) = body.ty(*input) else {
+                    return refuse(at, "a view of a tuple constant");
+                };
+                if dim_index(d, t).is_none() || self.constant_rank(*input, t.shape.len()) == 0 {
+                    return refuse(at, "a reduction of a scalar constant, viewed");
+                }
+                self.constant_view(*input, t.shape.len(), whole, at)
+            }
+            ExprKind::Broadcast(_, x) => {
+                let r = operand_rank(*x)?;
+                if r > rank {
+                    return refuse(at, "a broadcast to a lower rank");
+                }
+                self.constant_view(*x, r, whole, at)
+            }
+            _ if whole => self.value(c),
+            _ => refuse(
+                at,
+                "a split view of a constant expression other than elementwise operators, transposes, broadcasts and built-in reductions",
+            ),
         }
     }
 
@@ -399,7 +468,9 @@ impl<'a> Walk<'a> {
             ExprKind::Unary(_, x) | ExprKind::Cast(_, x) | ExprKind::Transpose(_, x) => rank(*x),
             ExprKind::Binary(_, x, y) => rank(*x).max(rank(*y)),
             ExprKind::Select(c, x, y) => rank(*c).max(rank(*x)).max(rank(*y)),
-            ExprKind::TileMatMul { a, .. } | ExprKind::MatMul { a, .. } => rank(*a),
+            ExprKind::TileMatMul { a, b, .. } | ExprKind::MatMul { a, b, .. } => {
+                rank(*a).max(rank(*b))
+            }
             _ => None,
         };
         let own = match ty {
@@ -471,9 +542,12 @@ impl<'a> Walk<'a> {
             ExprKind::TileMatMul { a, b, .. } | ExprKind::MatMul { a, b, .. } => {
                 self.tile(id, *a)?;
                 self.tile(id, *b)?;
+                // Ranks may differ (batched activations times a weight): batch dimensions
+                // broadcast. A block of rank below 2 (a view of a scalar constant) has no
+                // rows and columns to multiply.
                 match (rank(*a), rank(*b)) {
-                    (Some(r), Some(s)) if r >= 2 && r == s => {}
-                    _ => return refuse(id, "a matrix product of operands with different ranks"),
+                    (Some(r), Some(s)) if r >= 2 && s >= 2 => {}
+                    _ => return refuse(id, "a matrix product of a scalar block"),
                 }
             }
             ExprKind::Reduce { input, reducer, .. } => {
@@ -504,6 +578,13 @@ impl<'a> Walk<'a> {
                     return refuse(id, "a reduction over an unknown dimension");
                 }
             }
+            ExprKind::Reshape(_, x) => {
+                // A reshape of a tile (whose blocks `lowerable` found unpadded): `tl.reshape`.
+                self.tile(id, *x)?;
+                if let Some(Type::Tensor(t)) = ty {
+                    self.blocks_of(&t.clone());
+                }
+            }
             ExprKind::Partition(..) | ExprKind::Replicate(..) => {
                 return refuse(id, "a view of a value computed in the kernel")
             }
@@ -521,33 +602,13 @@ impl<'a> Walk<'a> {
         let body = &self.f.body;
         let bnode = body.node(base);
         if self.g.constant[base.index()] {
-            return match &bnode.kind {
-                ExprKind::Constant(_) | ExprKind::Fill(_) | ExprKind::Iota(_) => Ok(()),
-                ExprKind::Unary(..)
-                | ExprKind::Binary(..)
-                | ExprKind::Select(..)
-                | ExprKind::Cast(..) => {
-                    for o in bnode.kind.operands() {
-                        let Some(Type::Tensor(t)) = body.ty(o) else {
-                            return refuse(at, "a view of a tuple constant");
-                        };
-                        let Some(start) = rank.checked_sub(t.shape.len()) else {
-                            return refuse(at, "a constant operand of higher rank than its view");
-                        };
-                        self.load(o, rank - start, at)?;
-                    }
-                    Ok(())
-                }
-                _ => refuse(
-                    at,
-                    "a view of a constant expression other than elementwise operators",
-                ),
-            };
+            return refuse(at, "a load of a constant expression");
         }
         let Some(Type::Tensor(bt)) = bnode.ty.as_ref() else {
             return refuse(at, "a load of a tuple");
         };
-        self.load_field((base, 0), bt, rank, at)
+        // A reshape view is read from the buffer of the value it views, in its own shape.
+        self.load_field((self.g.storage(base), 0), bt, rank, at)
     }
 
     fn load_field(&mut self, key: BufferKey, bt: &TensorType, rank: usize, at: NodeId) -> WResult {
@@ -945,6 +1006,29 @@ pub fn stored_tile(body: &Body, o: NodeId) -> (NodeId, Option<Sym>) {
         }
     }
     (cur, leading)
+}
+
+/// Whether a view of type `t` splits no dimension: its block is the viewed value's whole.
+pub fn whole_view(t: &TensorType) -> bool {
+    t.shape.iter().all(|d| d.splits.is_empty())
+        && t.par
+            .0
+            .values()
+            .all(|k| !matches!(k, ParKind::Partition(_)))
+}
+
+/// A tensor-level reshape of a tensor-level value computed by a kernel of its own (a result;
+/// the others are views, `reshape_views`): its operand and its type. The kernel copies the
+/// operand's buffer, read in the reshape's shape, to its own.
+pub fn reshape_copy(body: &Body, id: NodeId) -> Option<(NodeId, &TensorType)> {
+    let node = body.node(id);
+    let ExprKind::Reshape(_, x) = node.kind else {
+        return None;
+    };
+    match node.ty.as_ref() {
+        Some(Type::Tensor(t)) if t.par.is_empty() && !tiled(body.ty(x)) => Some((x, t)),
+        _ => None,
+    }
 }
 
 /// The tensor types of a value's fields (one for a tensor) and whether it is a tuple.

@@ -238,7 +238,11 @@ impl Pass for ExtractPass {
                 Err(e) => {
                     errors.push(
                         Diagnostic::error(g.name_span, format!("extract @{}: {e}", g.name))
-                            .with_help("saturate with the refinement rules so that every matmul has a tiled implementation"),
+                            .with_help(if e.contains("`lower` refuses") {
+                                "write the construct `lower` refuses another way (docs/lower.md), or saturate with the refinement rules so that every matmul has a tiled implementation"
+                            } else {
+                                "saturate with the refinement rules so that every matmul has a tiled implementation"
+                            }),
                     );
                     continue;
                 }
@@ -270,6 +274,15 @@ impl Pass for ExtractPass {
                     format!("extract @{}: stopped: {}", g.name, report.stop),
                 ));
             }
+            if let Some(reason) = &x.first_unlowerable {
+                cx.diagnostics.push(Diagnostic::global(
+                    Severity::Remark,
+                    format!(
+                        "extract @{}: {} e-node(s) never picked because `lower` refuses them in any program; the first: {reason}",
+                        g.name, x.unlowerable
+                    ),
+                ));
+            }
             if let Some(reason) = &report.first_refusal {
                 cx.diagnostics.push(Diagnostic::global(
                     Severity::Remark,
@@ -291,13 +304,14 @@ impl Pass for ExtractPass {
             };
             let summary_line = |output: usize| {
                 format!(
-                    "// extract @{}: compaction={compaction}, {} expanded, {} complete, {} distinct, {renamed}{output} output, {} without launch order, {} not lowerable, {}, {:.3} s",
+                    "// extract @{}: compaction={compaction}, {} expanded, {} complete, {} distinct, {renamed}{output} output, {} without launch order, {} not lowerable, {} unlowerable e-nodes pruned, {}, {:.3} s",
                     g.name,
                     report.expanded,
                     report.complete,
                     report.distinct,
                     report.rejected,
                     report.not_lowerable,
+                    report.unlowerable_enodes,
                     report.stop,
                     report.seconds
                 )
@@ -543,6 +557,7 @@ fn search_counters(
         "pruned_equivalent": report.equivalent,
         "pruned_no_launch_order": report.no_launch_order,
         "rejected_not_lowerable": report.not_lowerable,
+        "pruned_unlowerable_enodes": report.unlowerable_enodes,
         "distinct_candidates": report.distinct,
         "axis_renamings": report.renamed,
         "stop_reason": report.stop.to_string(),

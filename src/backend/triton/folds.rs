@@ -8,7 +8,7 @@
 //! the loop is written around its body when it closes, and the folds' results become values.
 
 use super::kernel::{dim_position, index_for, is_simple, BlockDim, KernelEmitter, Loop, Val};
-use super::names::{builtin_identity, float_lit};
+use super::names::{builtin_identity, compute_tl, lit};
 use crate::ir::*;
 use crate::lower::plan::FoldKind;
 use crate::lower::walk::field_types;
@@ -181,12 +181,19 @@ impl KernelEmitter<'_, '_> {
             let dims = self.dims_of(t);
             let name = self.tmp(&format!("acc{i}"));
             let lens: Vec<String> = dims.iter().map(|d| d.len.clone()).collect();
+            // A built-in fold keeps its items' dtype (exact i32 sums); a user reducer's state
+            // starts as f32 (docs/ir.md §6.10).
+            let dtype = match reducer {
+                ReducerRef::Builtin(_) => t.dtype,
+                ReducerRef::User(_) => DType::F32,
+            };
             self.line_at(
                 level,
                 format!(
-                    "{name} = tl.full([{}], {}, tl.float32)",
+                    "{name} = tl.full([{}], {}, {})",
                     lens.join(", "),
-                    float_lit(init.get(i).copied().unwrap_or(0.0))
+                    lit(init.get(i).copied().unwrap_or(0.0), dtype),
+                    compute_tl(dtype)
                 ),
             );
             states.push((name, dims));

@@ -2,12 +2,15 @@
 //! the plan's order.
 
 use super::folds::FoldRun;
-use super::names::{base_text, dtype_tl, float_lit, ident, namer, p2_name};
+use super::names::{base_text, compute_tl, dtype_tl, ident, lit, namer, p2_name};
 use super::Ctx;
 use crate::ir::print::Namer;
 use crate::ir::*;
 use crate::lower::plan::{BufferKey, FoldKind, PlannedKernel};
-use crate::lower::walk::{blocks, field_types, stored_tile, varies_along, Block, Step};
+use crate::lower::walk::{
+    blocks, dim_index, field_types, reshape_copy, stored_tile, varies_along, whole_view, Block,
+    Step,
+};
 use crate::lower::{tiled, Kernel};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write;
@@ -514,6 +517,10 @@ impl KernelEmitter<'_, '_> {
                 return Err(err("a view of a tuple"));
             };
             let dims = self.dims_of(t);
+            if self.ctx.g.constant[base.index()] {
+                // A view of a constant expression: the constant on the tile.
+                return self.constant_view(base, dims, whole_view(t), id);
+            }
             return self.load(base, dims, id);
         }
         // Tensor-level values other kernels compute (or inputs) are read from memory;
@@ -556,6 +563,12 @@ impl KernelEmitter<'_, '_> {
         // A replicated tile computed in the kernel is the same block at every coordinate.
         if let ExprKind::Replicate(_, x) = &node.kind {
             return self.lookup(*x);
+        }
+        // A reshape that is a result copies its operand's buffer, read in its shape.
+        if let Some((x, t)) = reshape_copy(body, id) {
+            let dims = self.dims_of(t);
+            let key = (self.ctx.g.storage(x), 0);
+            return self.load_field(key, &t.clone(), dims, id);
         }
         // A fold that loops: its loop is closed, its state is the value.
         if self.fold_kind.contains_key(&id) {
@@ -600,31 +613,171 @@ impl KernelEmitter<'_, '_> {
             .map_err(|m| (id, m))
     }
 
-    /// A view of an elementwise constant expression (a causal mask from `iota`s): each operand
-    /// viewed on the same block (trailing dimensions for lower ranks), then the operator.
+    /// A view of a constant expression on the view's block `dims` (`lower::walk`'s
+    /// `constant_view` plans it): leaves on the block's offsets, elementwise operators on their
+    /// operands' views (trailing dimensions for lower ranks), a transpose on the permuted
+    /// block, a broadcast on the operand's dimensions (a size-1 one a block of 1), any other
+    /// constant, where the view is `whole`, computed whole before (its block is the view's).
     pub(super) fn constant_view(
         &mut self,
         base: NodeId,
         dims: Vec<BlockDim>,
+        whole: bool,
         at: NodeId,
     ) -> Result<Val, (NodeId, String)> {
         let body = &self.ctx.f.body;
         let node = &body.nodes[base.index()];
-        let mut vals = Vec::new();
-        for o in node.kind.operands() {
-            let rank = match body.ty(o) {
-                Some(Type::Tensor(t)) => t.shape.len(),
-                _ => return Err((at, "a view of a tuple constant".into())),
-            };
-            let Some(start) = dims.len().checked_sub(rank) else {
-                return Err((at, "a constant operand of higher rank than its view".into()));
-            };
-            vals.push(self.load(o, dims[start..].to_vec(), at)?);
+        let dtype = match node.ty.as_ref() {
+            Some(Type::Tensor(t)) => t.dtype,
+            _ => DType::F32,
+        };
+        let operand_type = |o: NodeId| match body.ty(o) {
+            Some(Type::Tensor(t)) => Ok(t.clone()),
+            _ => Err((at, "a view of a tuple constant".to_string())),
+        };
+        let one = || BlockDim {
+            len: "1".into(),
+            offs: "tl.arange(0, 1)".into(),
+            mask: None,
+            name: None,
+        };
+        let lens = |dims: &[BlockDim]| -> String {
+            dims.iter()
+                .map(|d| d.len.clone())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        match &node.kind {
+            ExprKind::Constant(v) => Ok(Val::Tile {
+                expr: lit(*v, dtype),
+                dims: vec![],
+            }),
+            ExprKind::Fill(v) => Ok(Val::Tile {
+                expr: format!(
+                    "tl.full([{}], {}, {})",
+                    lens(&dims),
+                    lit(*v, dtype),
+                    compute_tl(dtype)
+                ),
+                dims,
+            }),
+            ExprKind::Iota(d) => {
+                let i = match d {
+                    DimRef::Index(i) => *i,
+                    DimRef::Name(n) => dims
+                        .iter()
+                        .position(|b| b.name.as_deref() == Some(n))
+                        .unwrap_or(0),
+                };
+                let rank = dims.len();
+                // Offsets are int32: an i32 iota keeps them (exact), a float one converts.
+                Ok(Val::Tile {
+                    expr: format!(
+                        "({}){}.to({})",
+                        dims.get(i).map(|d| d.offs.clone()).unwrap_or_default(),
+                        index_for(rank, i),
+                        compute_tl(dtype)
+                    ),
+                    dims,
+                })
+            }
+            ExprKind::Unary(..)
+            | ExprKind::Binary(..)
+            | ExprKind::Select(..)
+            | ExprKind::Cast(..) => {
+                let mut vals = Vec::new();
+                for o in node.kind.operands() {
+                    let rank = operand_type(o)?.shape.len();
+                    let Some(start) = dims.len().checked_sub(rank) else {
+                        return Err((at, "a constant operand of higher rank than its view".into()));
+                    };
+                    vals.push(self.constant_view(o, dims[start..].to_vec(), whole, at)?);
+                }
+                let (kind, ty) = (node.kind.clone(), node.ty.clone());
+                self.op(&kind, vals, ty.as_ref(), &dim_position)
+                    .map_err(|m| (at, m))
+            }
+            ExprKind::Transpose(perm, x) => {
+                // Operand dimension perm[i] is the view's dimension i.
+                let mut operand: Vec<BlockDim> = vec![one(); dims.len()];
+                for (i, p) in perm.iter().enumerate() {
+                    match (operand.get_mut(*p), dims.get(i)) {
+                        (Some(slot), Some(d)) => *slot = d.clone(),
+                        _ => return Err((at, "bad permutation".into())),
+                    }
+                }
+                let v = self.constant_view(*x, operand, whole, at)?;
+                match v.tile() {
+                    Ok((_, [])) => Ok(v), // a scalar
+                    _ => {
+                        let (kind, ty) = (node.kind.clone(), node.ty.clone());
+                        self.op(&kind, vec![v], ty.as_ref(), &dim_position)
+                            .map_err(|m| (at, m))
+                    }
+                }
+            }
+            ExprKind::Broadcast(_, x) => {
+                let xt = operand_type(*x)?;
+                let Some(extra) = dims.len().checked_sub(xt.shape.len()) else {
+                    return Err((at, "a broadcast to a lower rank".into()));
+                };
+                // Right-aligned; a size-1 dimension stretched is a block of 1.
+                let operand: Vec<BlockDim> = xt
+                    .shape
+                    .iter()
+                    .zip(&dims[extra..])
+                    .map(|(d, b)| match d.base {
+                        DimBase::Lit(1) if b.len != "1" => one(),
+                        _ => b.clone(),
+                    })
+                    .collect();
+                let v = self.constant_view(*x, operand, whole, at)?;
+                let (x, xd) = v.tile().map_err(|m| (at, m))?;
+                let expr = if xd.is_empty() {
+                    format!("(tl.zeros([{}], {}) + ({x}))", lens(&dims), compute_tl(dtype))
+                } else {
+                    let kept = vec![":"; xd.len()].join(", ");
+                    format!(
+                        "tl.broadcast_to(({x})[{}{kept}], [{}])",
+                        "None, ".repeat(extra),
+                        lens(&dims)
+                    )
+                };
+                Ok(Val::Tile { expr, dims })
+            }
+            ExprKind::Reduce {
+                input,
+                over: ReduceOver::Axis(d),
+                reducer: ReducerRef::Builtin(_),
+                keep_dims,
+            } => {
+                // The operand on the view's block with the reduced dimension whole, reduced.
+                let xt = operand_type(*input)?;
+                let i = dim_index(d, &xt).ok_or((at, "a reduction over an unknown dimension".to_string()))?;
+                let whole_dims = self.dims_of(&xt);
+                let mut operand = dims.clone();
+                match (keep_dims, whole_dims.get(i)) {
+                    (true, Some(w)) if i < operand.len() => operand[i] = w.clone(),
+                    (false, Some(w)) if i <= operand.len() => operand.insert(i, w.clone()),
+                    _ => return Err((at, "a reduction over an unknown dimension".into())),
+                }
+                let v = self.constant_view(*input, operand, whole, at)?;
+                let (kind, ty) = (node.kind.clone(), node.ty.clone());
+                self.op(&kind, vec![v], ty.as_ref(), &dim_position)
+                    .map(|v| match v {
+                        // The view's own blocks (its kept dimension of 1 included).
+                        Val::Tile { expr, .. } => Val::Tile { expr, dims },
+                        other => other,
+                    })
+                    .map_err(|m| (at, m))
+            }
+            // Computed whole in the kernel before (`walk`): the view's block is its block.
+            _ if whole => self.lookup(base),
+            _ => Err((
+                at,
+                "a split view of a constant expression other than elementwise operators, transposes, broadcasts and built-in reductions".into(),
+            )),
         }
-        let kind = node.kind.clone();
-        let ty = node.ty.clone();
-        self.op(&kind, vals, ty.as_ref(), &dim_position)
-            .map_err(|m| (at, m))
     }
 
     pub(super) fn load(
@@ -636,55 +789,14 @@ impl KernelEmitter<'_, '_> {
         let body = &self.ctx.f.body;
         let bnode = &body.nodes[base.index()];
         if self.ctx.g.constant[base.index()] {
-            // A view of a constant expression: the constant on the tile.
-            return match &bnode.kind {
-                ExprKind::Constant(v) => Ok(Val::Tile {
-                    expr: float_lit(*v),
-                    dims: vec![],
-                }),
-                ExprKind::Fill(v) => Ok(Val::Tile {
-                    expr: format!(
-                        "tl.full([{}], {}, tl.float32)",
-                        dims.iter()
-                            .map(|d| d.len.clone())
-                            .collect::<Vec<_>>()
-                            .join(", "),
-                        float_lit(*v)
-                    ),
-                    dims,
-                }),
-                ExprKind::Iota(d) => {
-                    let i = match d {
-                        DimRef::Index(i) => *i,
-                        DimRef::Name(n) => dims
-                            .iter()
-                            .position(|b| b.name.as_deref() == Some(n))
-                            .unwrap_or(0),
-                    };
-                    let rank = dims.len();
-                    Ok(Val::Tile {
-                        expr: format!(
-                            "({}){}.to(tl.float32)",
-                            dims.get(i).map(|d| d.offs.clone()).unwrap_or_default(),
-                            index_for(rank, i)
-                        ),
-                        dims,
-                    })
-                }
-                ExprKind::Unary(..)
-                | ExprKind::Binary(..)
-                | ExprKind::Select(..)
-                | ExprKind::Cast(..) => self.constant_view(base, dims, at),
-                _ => Err((
-                    at,
-                    "a view of a constant expression other than elementwise operators".into(),
-                )),
-            };
+            return Err((at, "a load of a constant expression".into()));
         }
         let Some(Type::Tensor(bt)) = bnode.ty.as_ref() else {
             return Err((at, "a load of a tuple".into()));
         };
-        self.load_field((base, 0), &bt.clone(), dims, at)
+        // A reshape view is read from the buffer of the value it views, in its own shape.
+        let key = (self.ctx.g.storage(base), 0);
+        self.load_field(key, &bt.clone(), dims, at)
     }
 
     /// Loads a tile of the stored tensor `key` of type `bt`.
@@ -723,9 +835,10 @@ impl KernelEmitter<'_, '_> {
             Some(m) => format!("tl.load({addr}, mask={m}, other=0.0)"),
             None => format!("tl.load({addr})"),
         };
+        let to = compute_tl(bt.dtype);
         let expr = match &merged {
-            Some((_, shape, _)) => format!("tl.reshape({load}, {shape}).to(tl.float32)"),
-            None => format!("{load}.to(tl.float32)"),
+            Some((_, shape, _)) => format!("tl.reshape({load}, {shape}).to({to})"),
+            None => format!("{load}.to({to})"),
         };
         Ok(Val::Tile { expr, dims })
     }

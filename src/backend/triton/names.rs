@@ -60,6 +60,34 @@ pub fn dtype_host(d: DType) -> &'static str {
     }
 }
 
+/// The dtype a kernel computes values of dtype `d` in: floats in f32 (a cast to bf16 or f16
+/// rounds), `i32` and `i1` as themselves, so that index arithmetic and comparisons on `iota`
+/// stay exact past 2^24, where f32 runs out of integers.
+pub(super) fn compute_tl(d: DType) -> &'static str {
+    match d {
+        DType::I32 => "tl.int32",
+        DType::I1 => "tl.int1",
+        DType::F32 | DType::BF16 | DType::F16 => "tl.float32",
+    }
+}
+
+/// A literal of dtype `d` (see [`compute_tl`]): an integer for `i32` (`4`, not `4.0`, which
+/// would make the arithmetic float; ±inf, a reducer's identity, become the extremes), a
+/// boolean for `i1`, a float otherwise.
+pub(super) fn lit(v: f64, d: DType) -> String {
+    match d {
+        // `as` saturates (NaN to 0), as the interpreter's rounding to i32 clamps.
+        DType::I32 => ((v.trunc() as i64).clamp(i32::MIN as i64, i32::MAX as i64)).to_string(),
+        DType::I1 => if v != 0.0 && !v.is_nan() {
+            "True"
+        } else {
+            "False"
+        }
+        .to_string(),
+        DType::F32 | DType::BF16 | DType::F16 => float_lit(v),
+    }
+}
+
 pub(super) fn float_lit(v: f64) -> String {
     if v.is_infinite() {
         if v > 0.0 {

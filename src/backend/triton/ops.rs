@@ -2,15 +2,16 @@
 //! bodies inlined on tiles.
 
 use super::kernel::{broadcast, dim_position, index_for, is_simple, BlockDim, KernelEmitter, Val};
-use super::names::{builtin_identity, dtype_tl, float_lit, ident, PRODUCT_COMBINE};
+use super::names::{builtin_identity, compute_tl, dtype_tl, ident, lit, PRODUCT_COMBINE};
 use crate::ir::*;
 
-/// `r` over dimension `i` of tile `x`: the overhang replaced by the identity first.
+/// `r` over dimension `i` of tile `x` of dtype `dtype`: the overhang replaced by the identity
+/// first.
 pub(super) fn reduce_tile(
     x: &str,
     dims: &[BlockDim],
     i: usize,
-    r: BuiltinReducer,
+    (r, dtype): (BuiltinReducer, DType),
     keep_dims: bool,
 ) -> Result<Val, String> {
     let dim = dims
@@ -21,7 +22,7 @@ pub(super) fn reduce_tile(
         Some(m) => format!(
             "tl.where({m}{}, {x}, {})",
             index_for(dims.len(), i),
-            float_lit(builtin_identity(r))
+            lit(builtin_identity(r), dtype)
         ),
         None => x.to_string(),
     };
@@ -117,12 +118,17 @@ impl KernelEmitter<'_, '_> {
             let (e, d) = vals.get(i).ok_or("missing operand")?.tile()?;
             Ok((e.to_string(), d.to_vec()))
         };
+        // The result's dtype (f32 where unknown: a reducer body's unannotated values).
+        let dtype = match ty {
+            Some(Type::Tensor(t)) => t.dtype,
+            _ => DType::F32,
+        };
         Ok(match kind {
             // A scalar where it is one (a literal, a rank-0 constant), broadcast by its readers;
             // a block of its shape otherwise, which a reduction can reduce.
             ExprKind::Constant(v) if !matches!(ty, Some(Type::Tensor(t)) if !t.shape.is_empty()) => {
                 Val::Tile {
-                    expr: float_lit(*v),
+                    expr: lit(*v, dtype),
                     dims: vec![],
                 }
             }
@@ -134,9 +140,10 @@ impl KernelEmitter<'_, '_> {
                 let lens: Vec<String> = dims.iter().map(|d| d.len.clone()).collect();
                 Val::Tile {
                     expr: format!(
-                        "tl.full([{}], {}, tl.float32)",
+                        "tl.full([{}], {}, {})",
                         lens.join(", "),
-                        float_lit(*v)
+                        lit(*v, dtype),
+                        compute_tl(dtype)
                     ),
                     dims,
                 }
@@ -150,11 +157,13 @@ impl KernelEmitter<'_, '_> {
                 let dims = self.dims_of(t);
                 let i = resolve(d, &dims).ok_or("iota of an unknown dimension")?;
                 let lens: Vec<String> = dims.iter().map(|d| d.len.clone()).collect();
+                // Offsets are int32: an i32 iota keeps them (exact), a float one converts.
                 Val::Tile {
                     expr: format!(
-                        "tl.broadcast_to(({}){}.to(tl.float32), [{}])",
+                        "tl.broadcast_to(({}){}.to({}), [{}])",
                         dims[i].offs,
                         index_for(dims.len(), i),
+                        compute_tl(dtype),
                         lens.join(", ")
                     ),
                     dims,
@@ -175,7 +184,11 @@ impl KernelEmitter<'_, '_> {
                     .checked_sub(xd.len())
                     .ok_or("a broadcast to a lower rank")?;
                 let expr = if xd.is_empty() {
-                    format!("(tl.zeros([{}], tl.float32) + ({x}))", lens.join(", "))
+                    format!(
+                        "(tl.zeros([{}], {}) + ({x}))",
+                        lens.join(", "),
+                        compute_tl(dtype)
+                    )
                 } else {
                     let x = if extra == 0 {
                         x
@@ -225,9 +238,15 @@ impl KernelEmitter<'_, '_> {
                     BinaryOp::Add => format!("({x} + {y})"),
                     BinaryOp::Subtract => format!("({x} - {y})"),
                     BinaryOp::Multiply => format!("({x} * {y})"),
+                    // Integer division truncates toward zero, as the interpreter's rounding
+                    // of the quotient to i32 does.
+                    BinaryOp::Divide if dtype == DType::I32 => format!("({x} // {y})"),
                     BinaryOp::Divide => format!("({x} / {y})"),
                     BinaryOp::Maximum => format!("tl.maximum({x}, {y})"),
                     BinaryOp::Minimum => format!("tl.minimum({x}, {y})"),
+                    BinaryOp::Pow if dtype == DType::I32 => format!(
+                        "tl.exp(({y}).to(tl.float32) * tl.log(({x}).to(tl.float32))).to(tl.int32)"
+                    ),
                     BinaryOp::Pow => format!("tl.exp({y} * tl.log({x}))"),
                     BinaryOp::Less => format!("({x} < {y})"),
                     BinaryOp::LessEqual => format!("({x} <= {y})"),
@@ -277,27 +296,32 @@ impl KernelEmitter<'_, '_> {
             }
             ExprKind::TileMatMul { .. } | ExprKind::MatMul { .. } => {
                 let ((a, da), (b, db)) = (tile(0)?, tile(1)?);
-                let r = da.len();
-                if r < 2 || db.len() != r {
-                    return Err("a matrix product of operands with different ranks".into());
+                let (ra, rb) = (da.len(), db.len());
+                if ra < 2 || rb < 2 {
+                    return Err("a matrix product of a scalar block".into());
                 }
-                let a = match &da[r - 1].mask {
-                    Some(m) => format!("tl.where({m}{}, {a}, 0.0)", index_for(r, r - 1)),
+                let a = match &da[ra - 1].mask {
+                    Some(m) => format!("tl.where({m}{}, {a}, 0.0)", index_for(ra, ra - 1)),
                     None => a,
                 };
-                let b = match &db[r - 2].mask {
-                    Some(m) => format!("tl.where({m}{}, {b}, 0.0)", index_for(r, r - 2)),
+                let b = match &db[rb - 2].mask {
+                    Some(m) => format!("tl.where({m}{}, {b}, 0.0)", index_for(rb, rb - 2)),
                     None => b,
                 };
-                let mut dims: Vec<BlockDim> = da[..r - 1].to_vec();
-                dims.push(db[r - 1].clone());
-                let (m, k, n) = (&da[r - 2].len, &da[r - 1].len, &db[r - 1].len);
+                // Batch dimensions broadcast (a rank-2 weight against batched activations,
+                // a batch dimension of 1 against a full one).
+                let batch = broadcast(&[&da[..ra - 2], &db[..rb - 2]]);
+                let mut dims: Vec<BlockDim> = batch.clone();
+                dims.push(da[ra - 2].clone());
+                dims.push(db[rb - 1].clone());
+                let r = dims.len();
+                let (m, k, n) = (&da[ra - 2].len, &da[ra - 1].len, &db[rb - 1].len);
                 if [m, k, n].iter().any(|l| l.as_str() == "1") {
                     // `tl.dot` needs 16 rows, columns and depth (a decode step has one query
                     // row, batched or not): multiply broadcast operands and sum over the
-                    // depth instead.
-                    let expand_a = format!("[{}None]", ":, ".repeat(r));
-                    let expand_b = format!("[{}None, :, :]", ":, ".repeat(r - 2));
+                    // depth instead. Blocks of different ranks broadcast from the right.
+                    let expand_a = format!("[{}None]", ":, ".repeat(ra));
+                    let expand_b = format!("[{}None, :, :]", ":, ".repeat(rb - 2));
                     return Ok(Val::Tile {
                         expr: format!("tl.sum(({a}){expand_a} * ({b}){expand_b}, axis={})", r - 1),
                         dims,
@@ -323,17 +347,51 @@ impl KernelEmitter<'_, '_> {
                         self.ctx.dot_padded.borrow_mut().insert(name.to_string());
                     }
                 }
-                let expr = if r == 2 {
-                    format!("tl.dot({a}, {b}, out_dtype=tl.float32)")
+                let out_shape: Vec<&str> = dims.iter().map(|d| d.len.as_str()).collect();
+                let expr = if rb == 2 || db[..rb - 2].iter().all(|d| d.len == "1") {
+                    // One weight for every batch entry: the batch dimensions fold into the
+                    // rows of one 2-d `tl.dot` (a block reshape is exact: same lengths back).
+                    let b = if rb == 2 {
+                        b
+                    } else {
+                        format!("tl.reshape({b}, ({k}, {n}))")
+                    };
+                    if ra == 2 && rb == 2 {
+                        format!("tl.dot({a}, {b}, out_dtype=tl.float32)")
+                    } else {
+                        let rows: Vec<&str> = da[..ra - 1].iter().map(|d| d.len.as_str()).collect();
+                        let dot = format!(
+                            "tl.dot(tl.reshape({a}, ({}, {k})), {b}, out_dtype=tl.float32)",
+                            rows.join(" * ")
+                        );
+                        format!("tl.reshape({dot}, ({}))", out_shape.join(", "))
+                    }
                 } else {
-                    // Leading dimensions batch: one 3-d `tl.dot` over their product.
-                    let batch: Vec<&str> = da[..r - 2].iter().map(|d| d.len.as_str()).collect();
-                    let batch_len = batch.join(" * ");
-                    let out_shape: Vec<&str> = batch
-                        .iter()
-                        .copied()
-                        .chain([m.as_str(), n.as_str()])
-                        .collect();
+                    // Leading dimensions batch: each operand broadcast to the common batch
+                    // where it lacks a dimension (or has 1), then one 3-d `tl.dot` over
+                    // their product.
+                    let lens =
+                        |ds: &[BlockDim]| ds.iter().map(|d| d.len.clone()).collect::<Vec<_>>();
+                    let full = |x: String, ds: &[BlockDim], tail: [&str; 2]| -> String {
+                        let own = &ds[..ds.len() - 2];
+                        if lens(own) == lens(&batch) {
+                            return x;
+                        }
+                        let extra = batch.len() - own.len();
+                        let kept = vec![":"; ds.len()].join(", ");
+                        let shape: Vec<String> = lens(&batch)
+                            .into_iter()
+                            .chain(tail.iter().map(|t| t.to_string()))
+                            .collect();
+                        format!(
+                            "tl.broadcast_to(({x})[{}{kept}], [{}])",
+                            "None, ".repeat(extra),
+                            shape.join(", ")
+                        )
+                    };
+                    let a = full(a, &da, [m, k]);
+                    let b = full(b, &db, [k, n]);
+                    let batch_len = lens(&batch).join(" * ");
                     format!(
                         "tl.reshape(tl.dot(tl.reshape({a}, ({batch_len}, {m}, {k})), tl.reshape({b}, ({batch_len}, {k}, {n})), out_dtype=tl.float32), ({}))",
                         out_shape.join(", ")
@@ -372,12 +430,32 @@ impl KernelEmitter<'_, '_> {
                     if r == BuiltinReducer::Mul {
                         self.ctx.uses_product.set(true);
                     }
-                    out.push(reduce_tile(x, dims, i, r, *keep_dims)?);
+                    let field_dtype = match ty {
+                        Some(Type::Tuple(ts)) => match ts.get(out.len()) {
+                            Some(Type::Tensor(t)) => t.dtype,
+                            _ => DType::F32,
+                        },
+                        _ => dtype,
+                    };
+                    out.push(reduce_tile(x, dims, i, (r, field_dtype), *keep_dims)?);
                 }
                 if matches!(ty, Some(Type::Tuple(_))) {
                     Val::Tuple(out)
                 } else {
                     out.pop().ok_or("missing operand")?
+                }
+            }
+            ExprKind::Reshape(..) => {
+                // Only of unpadded blocks (`lower::lowerable`): the same elements, row-major.
+                let Some(Type::Tensor(t)) = ty else {
+                    return Err("reshape without a type".into());
+                };
+                let (x, _) = tile(0)?;
+                let dims = self.dims_of(t);
+                let lens: Vec<String> = dims.iter().map(|d| d.len.clone()).collect();
+                Val::Tile {
+                    expr: format!("tl.reshape({x}, ({},))", lens.join(", ")),
+                    dims,
                 }
             }
             ExprKind::Partition(..) | ExprKind::Replicate(..) => {

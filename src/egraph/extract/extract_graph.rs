@@ -8,6 +8,7 @@ use super::{Choice, NONE};
 use crate::egraph::graph::TypedEGraph;
 use crate::egraph::lang::{ENode, Op};
 use crate::ir::Type;
+use crate::lower::lowerable::{node_refusal, Operand};
 use crate::lower::tiled;
 use egg::Id;
 use rustc_hash::FxHashMap;
@@ -50,6 +51,11 @@ pub struct ExtractGraph<'a> {
     /// a pointwise kernel whatever the picks below it: see `has_pointwise_kernel`.
     pub(super) heavy_tile: Vec<bool>,
     pub(super) pointwise_only: Vec<bool>,
+    /// E-nodes left out because `lower` refuses them whatever program holds them
+    /// (`lower::lowerable::node_refusal`), and the first one's reason: the search never
+    /// expands a program with one.
+    pub unlowerable: usize,
+    pub first_unlowerable: Option<String>,
     /// Per class, the e-nodes early compaction branches on: all but the operand swaps of an
     /// earlier e-node (`b * a` after `a * b`, both in the e-graph by commutativity). A swap's
     /// program is ≈ₚ the original's — the same canonical form and hole context, the same
@@ -67,10 +73,21 @@ pub(super) struct ComponentReaders {
 }
 
 impl<'a> ExtractGraph<'a> {
-    /// Keeps the e-nodes of a lowerable program: no tensor-level `matmul`, and only e-nodes
-    /// all of whose children have some finite acyclic lowerable term. Fails when a result has
-    /// none.
+    /// Keeps the e-nodes of a lowerable program: no tensor-level `matmul`, none that `lower`
+    /// refuses whatever program holds it (`lower::lowerable`), and only e-nodes all of whose
+    /// children have some finite acyclic lowerable term. Fails when a result has none.
     pub fn new(g: &'a TypedEGraph) -> Result<ExtractGraph<'a>, String> {
+        Self::build(g, true)
+    }
+
+    /// [`ExtractGraph::new`] keeping the e-nodes `lower` refuses on their own: the search
+    /// builds programs with them and the backend refuses them once complete (to measure what
+    /// leaving them out saves).
+    pub fn with_unlowerable_enodes(g: &'a TypedEGraph) -> Result<ExtractGraph<'a>, String> {
+        Self::build(g, false)
+    }
+
+    fn build(g: &'a TypedEGraph, prune_unlowerable: bool) -> Result<ExtractGraph<'a>, String> {
         let eg = &g.egraph;
         let mut ids: Vec<Id> = eg.classes().map(|c| c.id).collect();
         ids.sort();
@@ -115,6 +132,12 @@ impl<'a> ExtractGraph<'a> {
                 ns.retain(|(n, _)| !in_kernel(n));
             }
         }
+        // E-nodes `lower` refuses in any program are never picked.
+        let (unlowerable, first_unlowerable) = if prune_unlowerable {
+            prune_unlowerable_enodes(g, &ids, &mut nodes)
+        } else {
+            (0, None)
+        };
         // Classes with a finite term, bottom-up from the leaves.
         let operands: Vec<Vec<Vec<usize>>> = nodes
             .iter()
@@ -132,29 +155,7 @@ impl<'a> ExtractGraph<'a> {
         // search, never which exist): cheapest first by an estimate of the work a candidate
         // does (see `node_cost`).
         // Constant classes (computable from fill/constant/iota alone) cost nothing at run time.
-        let mut constant = vec![false; ids.len()];
-        loop {
-            let mut changed = false;
-            for (c, ns) in nodes.iter().enumerate() {
-                if constant[c] || tiled(eg[ids[c]].data.as_ref()) {
-                    continue;
-                }
-                let folds = ns.iter().any(|(n, kids)| {
-                    !matches!(n.op, Op::Input(..))
-                        && (!is_compute(&n.op) || !kids.is_empty())
-                        && !is_view(&n.op)
-                        && !matches!(n.op, Op::Combination(..) | Op::Collection(_))
-                        && kids.iter().all(|k| constant[*k as usize])
-                });
-                if folds {
-                    constant[c] = true;
-                    changed = true;
-                }
-            }
-            if !changed {
-                break;
-            }
-        }
+        let constant = constant_classes(g, &ids, &nodes);
         // A value known at compile time is computed one way, folded from the constants it
         // is built of: its tiled, parallel or stored implementations compute the same
         // numbers at run time and are no candidates of their own.
@@ -256,8 +257,12 @@ impl<'a> ExtractGraph<'a> {
         }
         let roots: Vec<u32> = g.roots.iter().map(|r| index[&eg.find(*r)]).collect();
         if let Some(r) = roots.iter().find(|r| !finite[**r as usize]) {
+            let refused = match &first_unlowerable {
+                Some(why) => format!(", or an e-node `lower` refuses in any program: {why}"),
+                None => String::new(),
+            };
             return Err(format!(
-                "result e-class %{} has no lowerable program (every term uses a tensor-level matmul or a cycle)",
+                "result e-class %{} has no lowerable program (every term uses a tensor-level matmul or a cycle{refused})",
                 ids[*r as usize]
             ));
         }
@@ -344,7 +349,9 @@ impl<'a> ExtractGraph<'a> {
                     && !constant[c]
                     && !roots.contains(&(c as u32))
                     && ns.iter().all(|(n, kids)| {
-                        (light(&n.op) && is_compute(&n.op))
+                        // A reshape here is a view (the class is untiled, no constant, no
+                        // result): no kernel of its own.
+                        (light(&n.op) && is_compute(&n.op) && !matches!(n.op, Op::Reshape(_)))
                             || (matches!(n.op, Op::Combination(..) | Op::Collection(_))
                                 && kids.iter().all(|k| !heavy_tile[*k as usize]))
                     })
@@ -361,6 +368,8 @@ impl<'a> ExtractGraph<'a> {
             .collect();
         Ok(ExtractGraph {
             g,
+            unlowerable,
+            first_unlowerable,
             info,
             components,
             gets_held,
@@ -397,6 +406,70 @@ impl<'a> ExtractGraph<'a> {
     pub(super) fn op(&self, c: u32, choice: &Choice) -> Option<&(ENode, Vec<u32>)> {
         let n = choice[c as usize];
         (n != NONE).then(|| &self.nodes[c as usize][n as usize])
+    }
+}
+
+/// Removes from `nodes` the e-nodes `lower::lowerable::node_refusal` refuses, given their
+/// class's type and their operand classes' types and constancy: how many, and the first
+/// reason. Constancy is judged as `lower` judges it on a program (a class some e-node of
+/// which folds from constants is computed that way: see the constant classes of `build`).
+fn prune_unlowerable_enodes(
+    g: &TypedEGraph,
+    ids: &[Id],
+    nodes: &mut [Vec<(ENode, Vec<u32>)>],
+) -> (usize, Option<String>) {
+    let eg = &g.egraph;
+    let info = crate::verify::ModuleInfo::of_typed_egraph(&g.egraph.analysis.env);
+    let constant = constant_classes(g, ids, nodes);
+    let ty = |c: u32| eg[ids[c as usize]].data.as_ref();
+    let (mut count, mut first) = (0, None);
+    for (c, ns) in nodes.iter_mut().enumerate() {
+        ns.retain(|(n, kids)| {
+            let operands: Vec<Operand> = kids
+                .iter()
+                .map(|k| Operand {
+                    ty: ty(*k),
+                    constant: constant[*k as usize],
+                })
+                .collect();
+            let why = node_refusal(&info, &n.to_expr_kind(), ty(c as u32), &operands);
+            if let Some(why) = why {
+                count += 1;
+                first.get_or_insert(why);
+                return false;
+            }
+            true
+        });
+    }
+    (count, first)
+}
+
+/// Classes whose value is known at compile time: some e-node builds it from constants alone
+/// (fill/constant/iota leaves and operators on constants; no input, view or store).
+fn constant_classes(g: &TypedEGraph, ids: &[Id], nodes: &[Vec<(ENode, Vec<u32>)>]) -> Vec<bool> {
+    let eg = &g.egraph;
+    let mut constant = vec![false; ids.len()];
+    loop {
+        let mut changed = false;
+        for (c, ns) in nodes.iter().enumerate() {
+            if constant[c] || tiled(eg[ids[c]].data.as_ref()) {
+                continue;
+            }
+            let folds = ns.iter().any(|(n, kids)| {
+                !matches!(n.op, Op::Input(..))
+                    && (!is_compute(&n.op) || !kids.is_empty())
+                    && !is_view(&n.op)
+                    && !matches!(n.op, Op::Combination(..) | Op::Collection(_))
+                    && kids.iter().all(|k| constant[*k as usize])
+            });
+            if folds {
+                constant[c] = true;
+                changed = true;
+            }
+        }
+        if !changed {
+            return constant;
+        }
     }
 }
 

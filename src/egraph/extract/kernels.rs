@@ -13,6 +13,19 @@ pub(super) fn light(op: &Op) -> bool {
     is_pointwise(op) || matches!(op, Op::Transpose(_) | Op::Reshape(_) | Op::Broadcast(_))
 }
 
+/// Whether e-node `node` (with operand classes `kids`) of class `c` is a reshape *view*, as
+/// `lower::reshape_views` makes it: a tensor-level `reshape` of a tensor-level value that is
+/// no constant expression, not a result. No kernel computes it; its readers read the value it
+/// views.
+pub(super) fn reshape_view(x: &ExtractGraph, c: u32, node: &ENode, kids: &[u32]) -> bool {
+    matches!(node.op, Op::Reshape(_))
+        && !class_tiled(x, c)
+        && kids
+            .first()
+            .is_some_and(|&k| !class_tiled(x, k) && !x.constant[k as usize])
+        && !x.roots.contains(&c)
+}
+
 /// Whether a partial program has a *pointwise kernel*: a kernel that only loads, applies
 /// pointwise operators or moves data (transpose, reshape, broadcast) and stores a value that
 /// is not a result — work its readers could do on their own loads. It is a tensor-level
@@ -37,7 +50,7 @@ pub(super) fn has_pointwise_kernel(
             continue;
         }
         let (node, kids) = &x.nodes[c as usize][pick as usize];
-        if light(&node.op) && is_compute(&node.op) {
+        if light(&node.op) && is_compute(&node.op) && !reshape_view(x, c, node, kids) {
             return true;
         }
         if !matches!(node.op, Op::Combination(..) | Op::Collection(_)) {
@@ -93,13 +106,24 @@ pub(super) fn kernel_lower_bound(
             continue;
         }
         let (node, kids) = &x.nodes[c][choice[c] as usize];
+        // A stored value some kernel computes: not a reshape view, nor possibly one.
         let computed = |k: u32| {
-            let k = k as usize;
-            !class_tiled(x, k as u32) && !x.constant[k] && !x.input[k]
+            let ku = k as usize;
+            let view = |(n, kids): &(ENode, Vec<u32>)| reshape_view(x, k, n, kids);
+            !class_tiled(x, k)
+                && !x.constant[ku]
+                && !x.input[ku]
+                && match choice[ku] {
+                    NONE => !x.nodes[ku].iter().any(view),
+                    p => !view(&x.nodes[ku][p as usize]),
+                }
         };
         if class_tiled(x, c as u32) {
             region = true;
-        } else if is_compute(&node.op) && !x.constant[c] && kids.iter().all(|k| !class_tiled(x, *k))
+        } else if is_compute(&node.op)
+            && !x.constant[c]
+            && kids.iter().all(|k| !class_tiled(x, *k))
+            && !reshape_view(x, c as u32, node, kids)
         {
             default_tiled.insert(memo[c]);
         }
@@ -218,7 +242,8 @@ impl KernelView<'_> {
         }
     }
 
-    /// A class that is some kernel's work: not a leaf, a constant, an input or a load.
+    /// A class that is some kernel's work: not a leaf, a constant, an input, a load or a
+    /// reshape view.
     pub(super) fn computed(&self, c: u32) -> bool {
         self.picked(c)
             && !matches!(
@@ -228,6 +253,24 @@ impl KernelView<'_> {
             && !self.x.constant[c as usize]
             && !self.x.input[c as usize]
             && self.load(c) == Load::No
+            && !self.is_reshape_view(c)
+    }
+
+    pub(super) fn is_reshape_view(&self, c: u32) -> bool {
+        let (node, kids) = self.op(c);
+        reshape_view(self.x, c, node, kids)
+    }
+
+    /// The value whose buffer a read of tensor-level class `c` reads: `c`, or what the picked
+    /// reshape views from `c` view; `None` where a view's operand is not resolved yet.
+    pub(super) fn through_reshape_views(&self, mut c: u32) -> Option<u32> {
+        while self.picked(c) && self.is_reshape_view(c) {
+            c = self.op(c).1[0];
+            if !self.picked(c) {
+                return None;
+            }
+        }
+        Some(c)
     }
 
     pub(super) fn region(&self, c: u32) -> bool {
@@ -270,6 +313,9 @@ impl KernelView<'_> {
                     Load::From(b) => b,
                     Load::No => o,
                     Load::Unknown => continue,
+                };
+                let Some(value) = self.through_reshape_views(value) else {
+                    continue;
                 };
                 if !class_tiled(self.x, value) && self.computed(value) {
                     reads.push((j, value));

@@ -201,6 +201,9 @@ pub struct ExtractReport {
     pub not_lowerable: usize,
     /// The backend's reason for the first refusal.
     pub first_refusal: Option<String>,
+    /// E-nodes never picked because `lower` refuses them in any program (`ExtractGraph`'s
+    /// `unlowerable`): programs with them are pruned at the pick, not refused once complete.
+    pub unlowerable_enodes: usize,
     /// Distinct candidates (classes of ≈) among the complete ones.
     pub distinct: usize,
     /// Complete programs of a new class not output because they rename the parallel axes of

@@ -972,6 +972,7 @@ impl<'scope, 'env> Search<'scope, 'env> {
             equivalent: n.equivalent + deferred.equivalent,
             not_lowerable,
             first_refusal,
+            unlowerable_enodes: self.x.unlowerable,
             distinct: distinct.len(),
             renamed,
             seconds: self.start.elapsed().as_secs_f64(),
