@@ -41,11 +41,12 @@ impl ModuleInfo {
 pub fn verify_module(m: &mut Module) -> Result<ModuleInfo, Vec<Diagnostic>> {
     let mut diags = Vec::new();
     let reducers = m.reducers.clone();
-    let env = TypeEnv::new(&reducers);
     for f in &mut m.funcs {
+        let env = TypeEnv::for_bindings(&reducers, &f.bindings);
         verify_function(f, &env, &mut diags);
     }
     for g in &m.egraphs {
+        let env = TypeEnv::for_bindings(&reducers, &g.bindings);
         verify_egraph(g, &env, &mut diags);
     }
     // One diagnostic per distinct problem: a reducer body error reached from two uses is one.
