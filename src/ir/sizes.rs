@@ -530,6 +530,29 @@ pub fn resolve_bindings(bindings: &mut [Binding]) -> Result<(), Vec<SizeError>> 
     }
 }
 
+/// Appends to `out` the symbols bound to a number that `name` stands on: itself if it is
+/// one, else those of its definition's symbols (unbound names are left out).
+pub fn base_symbols(bindings: &[Binding], name: &str, out: &mut Vec<String>) {
+    let mut stack = vec![name.to_string()];
+    let mut seen = BTreeSet::new();
+    while let Some(n) = stack.pop() {
+        if !seen.insert(n.clone()) {
+            continue;
+        }
+        match bindings.iter().find(|b| b.name == n) {
+            Some(Binding { def: Some(def), .. }) => {
+                stack.extend(def.symbols().iter().map(|s| s.to_string()))
+            }
+            Some(_) => {
+                if !out.contains(&n) {
+                    out.push(n)
+                }
+            }
+            None => {}
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
