@@ -8,6 +8,7 @@ mod fusion;
 mod propagation;
 mod refinement;
 pub mod repair;
+mod slicing;
 
 pub use fusion::describe_generated;
 mod storage;
@@ -134,10 +135,12 @@ pub enum Root {
     Partition,
     Replicate,
     Combination,
+    Slice,
+    Concat,
 }
 
 impl Root {
-    pub const ALL: [Root; 10] = [
+    pub const ALL: [Root; 12] = [
         Root::Any,
         Root::Binary,
         Root::Pointwise,
@@ -148,6 +151,8 @@ impl Root {
         Root::Partition,
         Root::Replicate,
         Root::Combination,
+        Root::Slice,
+        Root::Concat,
     ];
 
     /// The roots `op` matches, as a bit set indexed by discriminant.
@@ -163,6 +168,8 @@ impl Root {
             Op::Partition(..) => one(Root::Partition),
             Op::Replicate(_) => one(Root::Replicate),
             Op::Combination(..) => one(Root::Combination),
+            Op::Slice(..) => one(Root::Slice),
+            Op::Concat(_) => one(Root::Concat),
             _ => 0,
         };
         one(Root::Any) | specific
@@ -183,6 +190,7 @@ pub fn all_rules() -> Vec<&'static Rule> {
     v.extend(propagation::RULES.iter());
     v.extend(structural::RULES.iter());
     v.extend(storage::RULES.iter());
+    v.extend(slicing::RULES.iter());
     v
 }
 
