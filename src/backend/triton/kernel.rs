@@ -505,6 +505,14 @@ impl KernelEmitter<'_, '_> {
             let dims = self.dims_of(t);
             return self.load(base, dims, id);
         }
+        // A view that is a result, in the kernel that writes it: loaded through.
+        if self.ctx.g.virtual_view[id.index()] {
+            let Some(Type::Tensor(t)) = node.ty.as_ref() else {
+                return Err(err("a view of a tuple"));
+            };
+            let dims = self.dims_of(t);
+            return self.load(id, dims, id);
+        }
         // Tensor-level values other kernels compute (or inputs) are read from memory;
         // constant expressions and tuple plumbing are computed here.
         let tensor_level_read = !self.in_kernel.contains(&id)
@@ -624,6 +632,9 @@ impl KernelEmitter<'_, '_> {
     ) -> Result<Val, (NodeId, String)> {
         let body = &self.ctx.f.body;
         let bnode = &body.nodes[base.index()];
+        if crate::lower::views::is_view_op(&bnode.kind) && !tiled(bnode.ty.as_ref()) {
+            return self.load_view(base, dims, at);
+        }
         if self.ctx.g.constant[base.index()] {
             // A view of a constant expression: the constant on the tile.
             return match &bnode.kind {

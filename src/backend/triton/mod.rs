@@ -2,7 +2,7 @@
 //!
 //! Files: `names` (identifiers, dtypes, literals), `host` (the host function), `kernel` (a
 //! kernel's signature, values, loads, stores), `folds` (loops and fold state), `ops` (block
-//! operators and inlined reducer bodies).
+//! operators and inlined reducer bodies), `views` (loads through `slice` and `concat`).
 //!
 //! Every tile is a Triton block. A block dimension is either split by a parallel axis (length
 //! `BLOCK_<axis>`, offsets `c_<axis> * BLOCK_<axis> + arange`), or whole (length the next power
@@ -25,6 +25,7 @@ mod host;
 mod kernel;
 mod names;
 mod ops;
+mod views;
 
 pub use host::emit_function;
 pub use names::dtype_host;
