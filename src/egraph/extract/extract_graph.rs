@@ -86,6 +86,13 @@ impl<'a> ExtractGraph<'a> {
                     .nodes
                     .iter()
                     .filter(|n| !matches!(n.op, Op::MatMul { .. }))
+                    // A slice or concat of tiles cuts or joins blocks in a kernel, which
+                    // lowering refuses; its class holds the view of tensor-level values
+                    // (`slice-partition-in`, `concat-partition-in`) that loads read through.
+                    .filter(|n| {
+                        !(matches!(n.op, Op::Slice(..) | Op::Concat(_))
+                            && tiled(eg[*id].data.as_ref()))
+                    })
                     .map(|n| {
                         let kids = n.children.iter().map(|k| index[&eg.find(*k)]).collect();
                         (n.clone(), kids)

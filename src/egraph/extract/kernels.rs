@@ -99,11 +99,7 @@ pub(super) fn kernel_lower_bound(
         };
         if class_tiled(x, c as u32) {
             region = true;
-        } else if is_compute(&node.op)
-            && !x.constant[c]
-            && kids.iter().all(|k| !class_tiled(x, *k))
-            // A tensor-level slice or concat is a view its readers load through (`lower::views`).
-            && !matches!(node.op, Op::Slice(..) | Op::Concat(_))
+        } else if is_compute(&node.op) && !x.constant[c] && kids.iter().all(|k| !class_tiled(x, *k))
         {
             default_tiled.insert(memo[c]);
         }
