@@ -667,9 +667,15 @@ fn slice(t: &TensorType, d: &DimRef, start: &Dim, end: &Dim, sizes: &SizeDefs) -
     }
     if let Some(n) = whole.checked_sub(&e).and_then(|r| r.as_constant()) {
         if n < 0 {
+            let size = whole.to_string();
             return Err(TypeError::new(format!(
-                "slice [{start}, {end}) runs past the end of dimension {} (size {})",
-                t.shape[i], whole
+                "slice [{start}, {end}) runs past the end of dimension {}{}",
+                t.shape[i],
+                if size == t.shape[i].to_string() {
+                    String::new()
+                } else {
+                    format!(" (size {size})")
+                }
             ))
             .help("the end is exclusive: at most the dimension's size"));
         }
