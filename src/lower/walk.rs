@@ -279,8 +279,9 @@ impl<'a> Walk<'a> {
             }
             return self.load(base, t.shape.len(), id);
         }
-        if self.g.virtual_view[id.index()] {
-            // A view that is a result, in the kernel that writes it: loaded through.
+        if super::views::is_view_op(&node.kind) && !tiled(node.ty.as_ref()) {
+            // A view that is a result (of constants, too), in the kernel that writes it:
+            // loaded through.
             let Some(Type::Tensor(t)) = node.ty.as_ref() else {
                 return refuse(id, "a view of a tuple");
             };

@@ -162,7 +162,10 @@ fn slice_ranges(f: &Function, diags: &mut Vec<Diagnostic>) {
                 .with_help(if sizes.is_empty() {
                     "the end is exclusive and at most the dimension's size".to_string()
                 } else {
-                    format!("at {}; the end is exclusive and at most the dimension's size", sizes.join(", "))
+                    format!(
+                        "at {}; the end is exclusive and at most the dimension's size",
+                        sizes.join(", ")
+                    )
                 }),
             );
         }

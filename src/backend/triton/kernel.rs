@@ -505,8 +505,9 @@ impl KernelEmitter<'_, '_> {
             let dims = self.dims_of(t);
             return self.load(base, dims, id);
         }
-        // A view that is a result, in the kernel that writes it: loaded through.
-        if self.ctx.g.virtual_view[id.index()] {
+        // A view that is a result (of constants, too), in the kernel that writes it: loaded
+        // through.
+        if crate::lower::views::is_view_op(&node.kind) && !tiled(node.ty.as_ref()) {
             let Some(Type::Tensor(t)) = node.ty.as_ref() else {
                 return Err(err("a view of a tuple"));
             };
