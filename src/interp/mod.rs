@@ -680,7 +680,9 @@ impl<'m> Interpreter<'m> {
                     let parts: Vec<&Tensor> = ts.iter().map(|t| t.tile_at(&c).as_ref()).collect();
                     let like = |p: &Tensor| {
                         let mut s = p.shape.clone();
-                        s.get_mut(dim).map(|x| *x = 0);
+                        if let Some(x) = s.get_mut(dim) {
+                            *x = 0;
+                        }
                         s
                     };
                     if parts

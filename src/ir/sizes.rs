@@ -543,12 +543,8 @@ pub fn base_symbols(bindings: &[Binding], name: &str, out: &mut Vec<String>) {
             Some(Binding { def: Some(def), .. }) => {
                 stack.extend(def.symbols().iter().map(|s| s.to_string()))
             }
-            Some(_) => {
-                if !out.contains(&n) {
-                    out.push(n)
-                }
-            }
-            None => {}
+            Some(_) if !out.contains(&n) => out.push(n),
+            _ => {}
         }
     }
 }
