@@ -65,7 +65,8 @@ fn load(path: &Path, variant: Variant) -> Option<Module> {
         // useful.
         for f in &mut m.funcs {
             for (i, b) in f.bindings.iter_mut().enumerate() {
-                if !is_dim_symbol(&b.name) {
+                // A derived size follows its factors (resolved below).
+                if !is_dim_symbol(&b.name) || b.def.is_some() {
                     continue;
                 }
                 match variant {
@@ -75,6 +76,13 @@ fn load(path: &Path, variant: Variant) -> Option<Module> {
                     }
                 }
             }
+        }
+        let resolved = m
+            .funcs
+            .iter_mut()
+            .all(|f| efopt::ir::sizes::resolve_bindings(&mut f.bindings).is_ok());
+        if !resolved {
+            continue; // a random draw made a derived size non-positive
         }
         match efopt::verify::verify_module(&mut m) {
             Ok(_) => return Some(m),
@@ -210,7 +218,7 @@ fn evaluate(
     body: Body,
     inputs: &[Value],
 ) -> Result<Value, String> {
-    let env = TypeEnv::new(&module.reducers);
+    let env = TypeEnv::for_bindings(&module.reducers, &f.bindings);
     let types = type_body(&body, &[], &env).map_err(|(_, e)| e.message)?;
     let mut body = body;
     for (n, t) in body.nodes.iter_mut().zip(types) {

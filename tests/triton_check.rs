@@ -275,6 +275,33 @@ fn check_counts(file: &str, sizes: &[&str], functions: u64, kernels: u64) {
     );
 }
 
+/// `slice` and `concat` as views (tests/lit/lower/views.ef): a concat result, slices read by
+/// tensor-level operators, a tiled region whose key tiles straddle a cache and the row
+/// appended to it, with derived sizes, and views of views of a computed piece; then the extracted candidates of a KV-cache append
+/// followed by decode attention (which load through the concat inside the fused kernel) and
+/// of mHC-like coefficient groups (slices of the weight fused into one kernel). All run
+/// under the interpreter against the reference and compile for sm_90.
+#[test]
+fn slice_and_concat_views_run_and_compile() {
+    check_counts("tests/lit/lower/views.ef", &[], 4, 10);
+    for name in ["kv_cache_append_decode", "mhc_coefficient_groups"] {
+        for extract in [
+            "extract{max-candidates=40 max-kernels=3}",
+            "extract{max-candidates=40}",
+        ] {
+            let summary = check_file(
+                &format!("tests/corpus/{name}.ef"),
+                &[],
+                &format!("saturate,{extract},triton-check{{compile=sm_90 blocks=16,32 sample=3}}"),
+            );
+            assert!(
+                count(&summary, " kernel compilation") > 0,
+                "{name}: {summary}"
+            );
+        }
+    }
+}
+
 /// Broadcasts (new leading dimensions, a size-1 dimension stretched, a scalar), at tensor
 /// level and loaded by a tiled region, all run and compiled.
 #[test]

@@ -337,35 +337,90 @@ fn split_chunks(text: &str) -> Vec<(usize, usize)> {
 }
 
 /// Applies `--set` overrides to every function that binds or uses the name, and to every
-/// e-graph dump that binds it; marks in `applied` the overrides that met one.
-fn apply_sets(m: &mut Module, sets: &[(String, u64)], applied: &mut [bool]) {
-    for f in &mut m.funcs {
+/// e-graph dump that binds it; marks in `applied` the overrides that met one. A derived size
+/// (`HD = NH*D`) is recomputed from its factors; setting it directly is an error, as is a
+/// derived size the new values make non-positive.
+fn apply_sets(
+    m: &mut Module,
+    sets: &[(String, u64)],
+    applied: &mut [bool],
+) -> Vec<crate::diag::Diagnostic> {
+    let mut diags = Vec::new();
+    if sets.is_empty() {
+        return diags;
+    }
+    let mut set_in = |bindings: &mut Vec<Binding>,
+                      mentions: &dyn Fn(&str) -> bool,
+                      at: crate::diag::Span,
+                      applied: &mut [bool]| {
+        let mut changed = false;
         for ((name, value), applied) in sets.iter().zip(applied.iter_mut()) {
-            if let Some(b) = f.bindings.iter_mut().find(|b| &b.name == name) {
+            if let Some(b) = bindings.iter_mut().find(|b| &b.name == name) {
+                if let Some(def) = &b.def {
+                    diags.push(
+                        crate::diag::Diagnostic::error(
+                            b.span,
+                            format!("--set {name}={value}: `{name}` is derived, `{name} = {def}`"),
+                        )
+                        .with_help(format!(
+                            "set its factors instead ({}); `{name}` is recomputed from them",
+                            def.symbols()
+                                .iter()
+                                .map(|s| format!("--set {s}=…"))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        )),
+                    );
+                    *applied = true;
+                    continue;
+                }
                 b.value = *value;
+                changed = true;
                 *applied = true;
-            } else if function_mentions(f, name) {
-                f.bindings.push(Binding {
+            } else if mentions(name) {
+                bindings.push(Binding {
                     name: name.clone(),
                     value: *value,
-                    span: f.name_span,
+                    def: None,
+                    span: at,
                 });
                 *applied = true;
             }
         }
-    }
-    for g in &mut m.egraphs {
-        for ((name, value), applied) in sets.iter().zip(applied.iter_mut()) {
-            if let Some(b) = g.bindings.iter_mut().find(|b| &b.name == name) {
-                b.value = *value;
-                *applied = true;
+        if changed {
+            if let Err(errors) = crate::ir::sizes::resolve_bindings(bindings) {
+                let set: Vec<String> = sets.iter().map(|(n, v)| format!("--set {n}={v}")).collect();
+                for e in errors {
+                    let mut d = crate::diag::Diagnostic::error(bindings[e.binding].span, e.message)
+                        .with_note(None, format!("after {}", set.join(" ")));
+                    d.help = e.help;
+                    diags.push(d);
+                }
             }
         }
+    };
+    for f in &mut m.funcs {
+        // Printed only if some name is not bound.
+        let unbound = sets
+            .iter()
+            .any(|(n, _)| f.bindings.iter().all(|b| &b.name != n));
+        let text = if unbound {
+            crate::ir::print::print_function(f, PrintOptions::default())
+        } else {
+            String::new()
+        };
+        let mentions = |name: &str| mentions_word(&text, name);
+        let at = f.name_span;
+        set_in(&mut f.bindings, &mentions, at, applied);
     }
+    for g in &mut m.egraphs {
+        let at = g.name_span;
+        set_in(&mut g.bindings, &|_| false, at, applied);
+    }
+    diags
 }
 
-fn function_mentions(f: &crate::ir::Function, name: &str) -> bool {
-    let text = crate::ir::print::print_function(f, PrintOptions::default());
+fn mentions_word(text: &str, name: &str) -> bool {
     text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
         .any(|w| w == name)
 }
@@ -398,7 +453,14 @@ fn process_chunk(
     timing
         .rows
         .push(("parse".into(), t0.elapsed().as_secs_f64() * 1e3));
-    apply_sets(&mut module, &opts.sets, sets_applied);
+    let set_errors = apply_sets(&mut module, &opts.sets, sets_applied);
+    if !set_errors.is_empty() {
+        return ChunkOutcome {
+            output: PipelineOutput::None,
+            diagnostics: set_errors,
+            failed: true,
+        };
+    }
     let result = manager.run_observed(module, sources, &mut StdStreams);
     timing.rows.extend(result.timing);
     // A chunk whose module did not verify on load ran no pass and has no entry. (Nor has one

@@ -156,12 +156,12 @@ pub struct TypedEGraph {
     pub roots: Vec<Id>,
 }
 
-fn new_egraph(reducers: &[ReducerDef]) -> EGraph {
+fn new_egraph(reducers: &[ReducerDef], bindings: &[Binding]) -> EGraph {
     egg::EGraph::new(TypeAnalysis {
         parallel_reductions: Vec::new(),
         reduction_reach: std::sync::OnceLock::new(),
         known_type: None,
-        env: TypeEnv::new(reducers),
+        env: TypeEnv::for_bindings(reducers, bindings),
         conflicts: 0,
     })
 }
@@ -169,7 +169,7 @@ fn new_egraph(reducers: &[ReducerDef]) -> EGraph {
 impl TypedEGraph {
     /// Builds the e-graph of a verified function (one e-class per distinct expression).
     pub fn from_function(f: &Function, reducers: &[ReducerDef]) -> Result<TypedEGraph, String> {
-        let mut egraph = new_egraph(reducers);
+        let mut egraph = new_egraph(reducers, &f.bindings);
         let body = &f.body;
         let mut ids: Vec<Id> = Vec::with_capacity(body.nodes.len());
         let env = TypeEnv::new(reducers);
@@ -223,7 +223,7 @@ impl TypedEGraph {
 
     /// Rebuilds the e-graph a dump describes (the dump must verify).
     pub fn from_dump(g: &EGraphDump, reducers: &[ReducerDef]) -> Result<TypedEGraph, String> {
-        let mut egraph = new_egraph(reducers);
+        let mut egraph = new_egraph(reducers, &g.bindings);
         let class_ty: HashMap<u32, &Type> = g.classes.iter().map(|c| (c.id, &c.ty)).collect();
         let mut made: HashMap<u32, Id> = HashMap::new();
         let mut pending: Vec<(u32, &DumpNode)> = g
@@ -446,6 +446,8 @@ fn named_dims(kind: ExprKind, n: &ENode, eg: &EGraph) -> ExprKind {
     match kind {
         ExprKind::Partition(d, a, x) => ExprKind::Partition(name(operand_shape(), &d), a, x),
         ExprKind::Combination(d, a, x) => ExprKind::Combination(name(operand_shape(), &d), a, x),
+        ExprKind::Slice(d, s, e, x) => ExprKind::Slice(name(operand_shape(), &d), s, e, x),
+        ExprKind::Concat(d, xs) => ExprKind::Concat(name(operand_shape(), &d), xs),
         ExprKind::Iota(d) => {
             let shape = match &n.op {
                 Op::Iota(_, t) => Some(t.shape.clone()),

@@ -38,6 +38,10 @@ pub enum Op {
     Transpose(Vec<usize>),
     Reshape(Vec<Dim>),
     Broadcast(Vec<Dim>),
+    /// `slice[dim, start, end]`.
+    Slice(usize, Dim, Dim),
+    /// `concat[dim]` of the children in order.
+    Concat(usize),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -113,6 +117,10 @@ impl ENode {
             Op::Transpose(p) => ExprKind::Transpose(p.clone(), c(0)),
             Op::Reshape(s) => ExprKind::Reshape(s.clone(), c(0)),
             Op::Broadcast(s) => ExprKind::Broadcast(s.clone(), c(0)),
+            Op::Slice(d, a, b) => ExprKind::Slice(DimRef::Index(*d), a.clone(), b.clone(), c(0)),
+            Op::Concat(d) => {
+                ExprKind::Concat(DimRef::Index(*d), (0..self.children.len()).map(c).collect())
+            }
         }
     }
 
@@ -210,6 +218,8 @@ impl ENode {
             ExprKind::Transpose(p, _) => Op::Transpose(p.clone()),
             ExprKind::Reshape(s, _) => Op::Reshape(s.clone()),
             ExprKind::Broadcast(s, _) => Op::Broadcast(s.clone()),
+            ExprKind::Slice(d, a, b, _) => Op::Slice(dim(d, 0)?, a.clone(), b.clone()),
+            ExprKind::Concat(d, _) => Op::Concat(dim(d, 0)?),
         };
         Ok(ENode::new(op, children))
     }

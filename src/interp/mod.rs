@@ -271,6 +271,8 @@ pub fn random_inputs(
 pub struct Interpreter<'m> {
     module: &'m Module,
     sizes: Sizes,
+    /// The derived sizes of the function being run, to type reducer bodies per use.
+    defs: SizeDefs,
 }
 
 fn dtype_of_binary(op: BinaryOp, a: DType, b: DType) -> DType {
@@ -353,7 +355,11 @@ fn builtin_fold(r: BuiltinReducer) -> fn(f64, f64) -> f64 {
 
 impl<'m> Interpreter<'m> {
     pub fn new(module: &'m Module, sizes: Sizes) -> Interpreter<'m> {
-        Interpreter { module, sizes }
+        Interpreter {
+            module,
+            sizes,
+            defs: SizeDefs::default(),
+        }
     }
 
     pub fn sizes(&self) -> &Sizes {
@@ -372,6 +378,15 @@ impl<'m> Interpreter<'m> {
                     inputs.len()
                 ),
             ));
+        }
+        let defs = SizeDefs::from_bindings(&f.bindings);
+        if defs != self.defs {
+            let with_defs = Interpreter {
+                module: self.module,
+                sizes: self.sizes.clone(),
+                defs,
+            };
+            return with_defs.eval_body(&f.body, inputs);
         }
         self.eval_body(&f.body, inputs)
     }
@@ -621,6 +636,69 @@ impl<'m> Interpreter<'m> {
                 tt(TiledTensor {
                     dtype: t.dtype,
                     axes: t.axes.clone(),
+                    tiles,
+                })
+            }
+            Slice(d, start, end, _) => {
+                let t = ops[0].tensor()?;
+                let dim = self.tile_dim(n, body, d)?;
+                let bound = |b: &Dim| b.eval(&|s| self.sizes.get(s)).map(|v| v as usize);
+                let (s, e) = (bound(start)?, bound(end)?);
+                let tiles = t
+                    .tiles
+                    .iter()
+                    .map(|x| {
+                        let full = x.shape[dim];
+                        if s >= e || e > full {
+                            let symbolic = if start.to_string() != s.to_string()
+                                || end.to_string() != e.to_string()
+                            {
+                                format!(" ([{start}, {end}) at these sizes)")
+                            } else {
+                                String::new()
+                            };
+                            return Err(format!(
+                                "slice [{s}, {e}){symbolic} is out of range for a dimension of size {full}"
+                            ));
+                        }
+                        Ok(Arc::new(x.slice(dim, s, e - s)))
+                    })
+                    .collect::<Result<_, String>>()?;
+                tt(TiledTensor {
+                    dtype: t.dtype,
+                    axes: t.axes.clone(),
+                    tiles,
+                })
+            }
+            Concat(d, _) => {
+                let ts: Vec<&TiledTensor> =
+                    ops.iter().map(|v| v.tensor()).collect::<Result<_, _>>()?;
+                let dim = self.tile_dim(n, body, d)?;
+                let axes = union_axes(&ts);
+                let mut tiles = Vec::new();
+                for c in for_coords(&axes) {
+                    let parts: Vec<&Tensor> = ts.iter().map(|t| t.tile_at(&c).as_ref()).collect();
+                    let like = |p: &Tensor| {
+                        let mut s = p.shape.clone();
+                        if let Some(x) = s.get_mut(dim) {
+                            *x = 0;
+                        }
+                        s
+                    };
+                    if parts
+                        .iter()
+                        .any(|p| p.shape.len() != parts[0].shape.len() || like(p) != like(parts[0]))
+                    {
+                        return Err(format!(
+                            "concat of tiles shaped {:?}: they differ off dimension {dim}",
+                            parts.iter().map(|p| p.shape.clone()).collect::<Vec<_>>()
+                        ));
+                    }
+                    tiles.push(Arc::new(Tensor::concat(&parts, dim)));
+                }
+                tt(TiledTensor {
+                    dtype: ts[0].dtype,
+                    axes,
                     tiles,
                 })
             }
@@ -916,7 +994,8 @@ impl<'m> Interpreter<'m> {
                 let input_ty = body
                     .ty(input)
                     .ok_or("reduce needs its operand's type; run verify first")?;
-                let env = crate::verify::typing::TypeEnv::new(&self.module.reducers);
+                let env = crate::verify::typing::TypeEnv::new(&self.module.reducers)
+                    .with_sizes(self.defs.clone());
                 let types = crate::verify::typing::reducer_body_types(def, input_ty, over, &env)
                     .map_err(|e| e.message)?;
                 let mut typed = def.body.clone();

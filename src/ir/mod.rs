@@ -25,9 +25,11 @@ pub mod alpha;
 pub mod finite;
 mod module;
 pub mod print;
+pub mod sizes;
 mod symbol;
 mod types;
 
 pub use module::*;
+pub use sizes::{Poly, SizeDefs, SizeExpr};
 pub use symbol::Sym;
 pub use types::*;

@@ -276,6 +276,11 @@ pub enum ExprKind {
     Transpose(Vec<usize>, NodeId),
     Reshape(Vec<Dim>, NodeId),
     Broadcast(Vec<Dim>, NodeId),
+    /// `slice[D, START, END](x)`: indices `START … END-1` of dimension `D` (bounds are
+    /// literals or dimension symbols).
+    Slice(DimRef, Dim, Dim, NodeId),
+    /// `concat[D](a, b, …)`: the operands one after another along dimension `D`.
+    Concat(DimRef, Vec<NodeId>),
 }
 
 impl ExprKind {
@@ -284,8 +289,9 @@ impl ExprKind {
         use ExprKind::*;
         match self {
             Input | Param | Constant(_) | Fill(_) | Iota(_) => vec![],
-            Tuple(xs) => xs.clone(),
+            Tuple(xs) | Concat(_, xs) => xs.clone(),
             Get(_, x)
+            | Slice(_, _, _, x)
             | Partition(_, _, x)
             | Replicate(_, x)
             | Combination(_, _, x)
@@ -326,6 +332,8 @@ impl ExprKind {
             Transpose(..) => "transpose",
             Reshape(..) => "reshape",
             Broadcast(..) => "broadcast",
+            Slice(..) => "slice",
+            Concat(..) => "concat",
         }
     }
 
@@ -346,6 +354,8 @@ impl ExprKind {
             Transpose(p, _) => Transpose(p.clone(), o(0)),
             Reshape(s, _) => Reshape(s.clone(), o(0)),
             Broadcast(s, _) => Broadcast(s.clone(), o(0)),
+            Slice(d, a, b, _) => Slice(d.clone(), a.clone(), b.clone(), o(0)),
+            Concat(d, _) => Concat(d.clone(), ops.to_vec()),
             Reduce {
                 over,
                 reducer,
@@ -440,11 +450,14 @@ impl Body {
     }
 }
 
-/// A `where` binding: a dimension size (`K = 4096`) or a parallel-axis extent (`p = 4`).
+/// A `where` binding: a dimension size (`K = 4096`), a parallel-axis extent (`p = 4`), or a
+/// derived size (`HD = NH*D`): then `def` is its definition and `value` its size at the
+/// current values of its factors (`sizes::resolve_bindings` keeps the two in step).
 #[derive(Clone, Debug)]
 pub struct Binding {
     pub name: String,
     pub value: u64,
+    pub def: Option<super::sizes::SizeExpr>,
     pub span: Span,
 }
 

@@ -258,6 +258,14 @@ impl<'a> BodyPrinter<'a> {
                 write!(out, "broadcast[{}]", shape_to_string(s)).ok();
                 self.args(&[*x], out);
             }
+            ExprKind::Slice(d, start, end, x) => {
+                write!(out, "slice[{d},{start},{end}]").ok();
+                self.args(&[*x], out);
+            }
+            ExprKind::Concat(d, xs) => {
+                write!(out, "concat[{d}]").ok();
+                self.args(xs, out);
+            }
         }
     }
 
@@ -303,7 +311,10 @@ fn where_clause(bindings: &[Binding]) -> String {
     }
     let b: Vec<String> = bindings
         .iter()
-        .map(|b| format!("{} = {}", b.name, b.value))
+        .map(|b| match &b.def {
+            Some(def) => format!("{} = {def}", b.name),
+            None => format!("{} = {}", b.name, b.value),
+        })
         .collect();
     format!(" where {}", b.join(", "))
 }

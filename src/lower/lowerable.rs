@@ -68,6 +68,15 @@ pub fn node_refusal(
             },
         },
         Reshape(..) => reshape_refusal(ty, operands.first().copied()),
+        // A tensor-level slice or concat is a view loads read through (`lower::views`); one of
+        // tiles would cut or join blocks in registers.
+        Slice(..) | Concat(..) => match ty {
+            Some(Type::Tensor(t)) if t.par.is_empty() => None,
+            _ => Some(format!(
+                "a `{}` of tiles (blocks are not cut or joined in registers): slice or concatenate the tensor-level values",
+                kind.op_name()
+            )),
+        },
     }
 }
 
@@ -152,6 +161,7 @@ fn reducer_body_refusal(info: &ModuleInfo, def: &ReducerDef) -> Option<String> {
             Reduce { .. } => Some("folds a parallel axis"),
             Get(FieldRef::Name(_), _) => Some("reads a fold's field by name"),
             Reshape(..) => Some("reshapes a block (its shape is known only per use)"),
+            Slice(..) | Concat(..) => Some("slices or joins a block"),
             Input | Partition(..) | Replicate(..) | Combination(..) | Collection(..) => {
                 Some("has a parallel view or store")
             }

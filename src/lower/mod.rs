@@ -28,6 +28,7 @@
 pub mod lowerable;
 pub mod mask;
 pub mod plan;
+pub mod views;
 pub mod walk;
 
 pub use plan::{plan, KernelPlan, Refusal, Schedule};
@@ -68,6 +69,9 @@ pub struct KernelGraph {
     /// Whether the kernels can be launched in some order: no kernel reads a global-memory
     /// value it writes itself, directly or through other kernels.
     pub launch_order: bool,
+    /// Tensor-level `slice`s and `concat`s: views that their readers load through (see
+    /// [`views`]); no kernel computes one unless it is a result.
+    pub virtual_view: Vec<bool>,
 }
 
 pub fn tiled(t: Option<&Type>) -> bool {
@@ -233,6 +237,7 @@ pub fn kernel_graph(f: &Function) -> KernelGraph {
     let nodes = &body.nodes;
     let n = nodes.len();
     let (load_base, constant) = loads_and_constants(body);
+    let virtual_view = views::virtual_views(body, &constant);
     let mut parent: Vec<usize> = (0..n).collect();
     fn find(p: &mut [usize], mut i: usize) -> usize {
         while p[i] != i {
@@ -261,11 +266,12 @@ pub fn kernel_graph(f: &Function) -> KernelGraph {
     };
     let reshape_view = reshape_views(body, &constant, &early_plumbing);
     let skip = |i: usize| {
-        !(constant[i] && result[i])
+        (!(constant[i] && result[i])
             && (is_leaf(&nodes[i].kind)
                 || constant[i]
                 || load_base[i].is_some()
-                || reshape_view[i].is_some())
+                || reshape_view[i].is_some()))
+            || (virtual_view[i] && !result[i])
     };
     let in_region = |i: usize| in_region_of(nodes, i);
     let mut region = vec![false; n];
@@ -345,11 +351,23 @@ pub fn kernel_graph(f: &Function) -> KernelGraph {
             if plumbing[i] || reshape_view[i].is_some() {
                 let readers = used_by[i].clone();
                 used_by[o].extend(readers);
+            } else if virtual_view[i] {
+                // Kernels that read a view read its operands; a view that is a result is
+                // written by a kernel of its own, which reads them too.
+                let readers: Vec<Option<usize>> =
+                    used_by[i].iter().filter(|r| r.is_some()).copied().collect();
+                used_by[o].extend(readers);
+                if let Some(k) = kernel_of[i] {
+                    used_by[o].insert(Some(k));
+                }
             } else if kernel_of[i].is_some()
                 && !(matches!(nodes[i].kind, ExprKind::Get(..)) && kernel_of[i] == kernel_of[o])
             {
                 used_by[o].insert(kernel_of[i]);
             }
+        }
+        if virtual_view[i] {
+            used_by[i].retain(|r| r.is_none());
         }
     }
     let mut edges: Vec<(usize, usize)> = Vec::new();
@@ -485,6 +503,7 @@ pub fn kernel_graph(f: &Function) -> KernelGraph {
         reshape_view,
         plumbing,
         launch_order,
+        virtual_view,
     }
 }
 

@@ -280,6 +280,15 @@ impl<'a> Walk<'a> {
             }
             return self.load(base, t.shape.len(), id);
         }
+        if super::views::is_view_op(&node.kind) && !tiled(node.ty.as_ref()) {
+            // A view that is a result (of constants, too), in the kernel that writes it:
+            // loaded through.
+            let Some(Type::Tensor(t)) = node.ty.as_ref() else {
+                return refuse(id, "a view of a tuple");
+            };
+            self.blocks_of(t);
+            return self.load(id, t.shape.len(), id);
+        }
         let tensor_level_read = !self.in_kernel.contains(&id)
             && !tiled(node.ty.as_ref())
             && !self.g.constant[id.index()]
@@ -591,6 +600,15 @@ impl<'a> Walk<'a> {
             ExprKind::Combination(..) | ExprKind::Collection(..) => {
                 return refuse(id, "a store read inside its own kernel")
             }
+            ExprKind::Slice(..) | ExprKind::Concat(..) => {
+                return refuse(
+                    id,
+                    format!(
+                        "a `{}` of tiles: blocks are not cut or joined in a kernel (a view of tensor-level values is: loads read through it)",
+                        node.kind.op_name()
+                    ),
+                )
+            }
             other => return refuse(id, format!("`{}` is not lowered yet", other.op_name())),
         }
         Ok(())
@@ -601,6 +619,16 @@ impl<'a> Walk<'a> {
     fn load(&mut self, base: NodeId, rank: usize, at: NodeId) -> WResult {
         let body = &self.f.body;
         let bnode = body.node(base);
+        // A slice or concat of tensor-level values: each operand at the same rank (`views`).
+        if super::views::is_view_op(&bnode.kind) && !tiled(bnode.ty.as_ref()) {
+            if super::views::view_dim(body, &bnode.kind).is_none() {
+                return refuse(at, "a view of an unknown dimension");
+            }
+            for o in bnode.kind.operands() {
+                self.load(o, rank, at)?;
+            }
+            return Ok(());
+        }
         if self.g.constant[base.index()] {
             return refuse(at, "a load of a constant expression");
         }

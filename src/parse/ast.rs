@@ -142,8 +142,49 @@ pub enum Stmt {
 #[derive(Clone, Debug, PartialEq)]
 pub struct BindingAst {
     pub name: String,
-    pub value: u64,
+    pub value: SizeAst,
     pub loc: Loc,
+}
+
+/// A size in a `where` binding: an integer, a dimension symbol, or `+ - *` of sizes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SizeAst {
+    pub kind: SizeAstKind,
+    pub loc: Loc,
+    pub depth: u32,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum SizeAstKind {
+    Int(u64),
+    Name(String),
+    /// `+`, `-` or `*` and the operands.
+    Bin(char, Box<SizeAst>, Box<SizeAst>),
+}
+
+impl SizeAst {
+    /// `a op b`, refused past [`MAX_EXPR_DEPTH`] as expressions are.
+    pub fn bin(
+        op: char,
+        a: SizeAst,
+        b: SizeAst,
+        loc: Loc,
+    ) -> Result<SizeAst, crate::parse::lexer::LexError> {
+        let depth = 1 + a.depth.max(b.depth);
+        if depth > MAX_EXPR_DEPTH {
+            return Err(crate::parse::lexer::LexError {
+                start: loc.0,
+                end: loc.1,
+                message: format!("size expression nests deeper than {MAX_EXPR_DEPTH} levels"),
+                help: Some("define intermediate sizes as their own bindings".into()),
+            });
+        }
+        Ok(SizeAst {
+            kind: SizeAstKind::Bin(op, Box::new(a), Box::new(b)),
+            loc,
+            depth,
+        })
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]

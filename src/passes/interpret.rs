@@ -45,6 +45,7 @@ impl SizeOptions {
             f.bindings.push(crate::ir::Binding {
                 name: name.clone(),
                 value: *v,
+                def: None,
                 span: f.name_span,
             });
         }

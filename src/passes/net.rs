@@ -52,13 +52,14 @@ pub struct NetReport {
 }
 
 /// The source's dimension sizes, halved largest first until every value of the source fits
-/// in [`NET_ELEMENTS`].
+/// in [`NET_ELEMENTS`]. Only sizes bound to a number are halved; a derived size (`HD = NH*D`)
+/// follows its factors, and a halving that would make one non-positive is not made.
 pub fn small_sizes(source: &Function) -> Vec<(String, u64)> {
-    let mut sizes: Vec<(String, u64)> = source
+    let mut work: Vec<crate::ir::Binding> = source
         .bindings
         .iter()
         .filter(|b| crate::ir::is_dim_symbol(&b.name))
-        .map(|b| (b.name.clone(), b.value))
+        .cloned()
         .collect();
     let shapes: Vec<&crate::ir::TensorType> = source
         .body
@@ -70,10 +71,11 @@ pub fn small_sizes(source: &Function) -> Vec<(String, u64)> {
         })
         .collect();
     let floor = |original: u64| original.min(2);
-    let originals: Vec<u64> = sizes.iter().map(|s| s.1).collect();
+    let originals: Vec<u64> = work.iter().map(|b| b.value).collect();
+    let mut stuck = vec![false; work.len()];
     // Each round halves one size: at most 64 rounds a symbol.
-    for _ in 0..64 * sizes.len().max(1) {
-        let lookup = |n: &str| sizes.iter().find(|(k, _)| k == n).map(|(_, v)| *v);
+    for _ in 0..64 * work.len().max(1) {
+        let lookup = |n: &str| work.iter().find(|b| b.name == n).map(|b| b.value);
         let largest = shapes
             .iter()
             .filter_map(|t| {
@@ -88,24 +90,34 @@ pub fn small_sizes(source: &Function) -> Vec<(String, u64)> {
         if count <= NET_ELEMENTS {
             break;
         }
-        // The largest symbol of the largest value that can still shrink.
-        let symbols: Vec<String> = t
-            .shape
-            .iter()
-            .filter_map(|d| match &d.base {
-                crate::ir::DimBase::Sym(s) => Some(s.to_string()),
-                _ => None,
-            })
-            .collect();
-        let pick = sizes
+        // The largest base symbol of the largest value that can still shrink.
+        let mut symbols: Vec<String> = Vec::new();
+        for d in &t.shape {
+            if let crate::ir::DimBase::Sym(s) = &d.base {
+                crate::ir::sizes::base_symbols(&work, s, &mut symbols);
+            }
+        }
+        let pick = work
             .iter()
             .enumerate()
-            .filter(|(i, (k, v))| symbols.contains(k) && *v > floor(originals[*i]))
-            .max_by_key(|(_, (_, v))| *v)
+            .filter(|(i, b)| {
+                b.def.is_none()
+                    && !stuck[*i]
+                    && symbols.contains(&b.name)
+                    && b.value > floor(originals[*i])
+            })
+            .max_by_key(|(_, b)| b.value)
             .map(|(i, _)| i);
         let Some(i) = pick else { break };
-        sizes[i].1 = (sizes[i].1 / 2).max(floor(originals[i]));
+        let before = work[i].value;
+        work[i].value = (before / 2).max(floor(originals[i]));
+        if crate::ir::sizes::resolve_bindings(&mut work).is_err() {
+            work[i].value = before;
+            stuck[i] = true;
+            let _ = crate::ir::sizes::resolve_bindings(&mut work);
+        }
     }
+    let mut sizes: Vec<(String, u64)> = work.into_iter().map(|b| (b.name, b.value)).collect();
     sizes.sort();
     sizes
 }

@@ -41,11 +41,12 @@ impl ModuleInfo {
 pub fn verify_module(m: &mut Module) -> Result<ModuleInfo, Vec<Diagnostic>> {
     let mut diags = Vec::new();
     let reducers = m.reducers.clone();
-    let env = TypeEnv::new(&reducers);
     for f in &mut m.funcs {
+        let env = TypeEnv::for_bindings(&reducers, &f.bindings);
         verify_function(f, &env, &mut diags);
     }
     for g in &m.egraphs {
+        let env = TypeEnv::for_bindings(&reducers, &g.bindings);
         verify_egraph(g, &env, &mut diags);
     }
     // One diagnostic per distinct problem: a reducer body error reached from two uses is one.
@@ -97,6 +98,8 @@ fn verify_function(f: &mut Function, env: &TypeEnv, diags: &mut Vec<Diagnostic>)
             }
         }
     }
+    slice_ranges(f, diags);
+    let body = &f.body;
     for r in &body.results {
         if let Some(t) = body.ty(*r) {
             if has_parallel_state(t) {
@@ -107,6 +110,64 @@ fn verify_function(f: &mut Function, env: &TypeEnv, diags: &mut Vec<Diagnostic>)
                         .with_note(Some(body.results_span), "returned here"),
                 );
             }
+        }
+    }
+}
+
+/// Slice bounds within the sliced dimension at the function's sizes. Typing is symbolic
+/// (`slice[1,0,24]` of a `D` dimension types for every `D`); here the `where` sizes, when
+/// every one the slice names is bound, must also hold it.
+fn slice_ranges(f: &Function, diags: &mut Vec<Diagnostic>) {
+    let size = |s: &str| f.binding(s);
+    for n in &f.body.nodes {
+        let ExprKind::Slice(d, start, end, x) = &n.kind else {
+            continue;
+        };
+        if n.ty.is_none() {
+            continue; // its typing error is reported
+        }
+        let Some(Type::Tensor(t)) = f.body.ty(*x) else {
+            continue;
+        };
+        let Ok(i) = resolve_dim(&t.shape, d) else {
+            continue;
+        };
+        let (Ok(s), Ok(e), Ok(len)) = (start.eval(&size), end.eval(&size), t.shape[i].eval(&size))
+        else {
+            continue;
+        };
+        if s >= e || e > len {
+            let sizes: Vec<String> = [start, end, &t.shape[i]]
+                .iter()
+                .filter_map(|dim| match &dim.base {
+                    DimBase::Sym(sym) => Some(format!("{sym} = {}", size(sym).unwrap_or(0))),
+                    _ => None,
+                })
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            diags.push(
+                Diagnostic::error(
+                    n.span,
+                    format!(
+                        "slice [{start}, {end}){} is out of range for dimension {} of size {len}",
+                        if start.to_string() == s.to_string() && end.to_string() == e.to_string() {
+                            String::new()
+                        } else {
+                            format!(", [{s}, {e}) at these sizes,")
+                        },
+                        t.shape[i]
+                    ),
+                )
+                .with_help(if sizes.is_empty() {
+                    "the end is exclusive and at most the dimension's size".to_string()
+                } else {
+                    format!(
+                        "at {}; the end is exclusive and at most the dimension's size",
+                        sizes.join(", ")
+                    )
+                }),
+            );
         }
     }
 }

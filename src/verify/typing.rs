@@ -59,6 +59,8 @@ type Instance = (Type, Vec<Type>);
 /// reducer instantiations (a reducer is typed per use, like a template).
 pub struct TypeEnv {
     reducers: Vec<ReducerDef>,
+    /// The derived sizes of the function being typed (`HD = NH*D`).
+    sizes: SizeDefs,
     /// Shared by the threads that search rules in parallel.
     cache: Mutex<HashMap<InstanceKey, TResult<Instance>>>,
 }
@@ -72,8 +74,36 @@ impl TypeEnv {
     pub fn new(reducers: &[ReducerDef]) -> TypeEnv {
         TypeEnv {
             reducers: reducers.to_vec(),
+            sizes: SizeDefs::default(),
             cache: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The environment for a function with these `where` bindings: typing compares and
+    /// names sizes through their derived definitions.
+    pub fn for_bindings(reducers: &[ReducerDef], bindings: &[Binding]) -> TypeEnv {
+        TypeEnv {
+            sizes: SizeDefs::from_bindings(bindings),
+            ..TypeEnv::new(reducers)
+        }
+    }
+
+    /// This environment with the given derived sizes.
+    pub fn with_sizes(mut self, sizes: SizeDefs) -> TypeEnv {
+        self.sizes = sizes;
+        self
+    }
+
+    /// The same reducers and derived sizes, with an empty cache (and room for more reducers).
+    pub fn fresh_copy(&self) -> TypeEnv {
+        TypeEnv {
+            sizes: self.sizes.clone(),
+            ..TypeEnv::new(&self.reducers)
+        }
+    }
+
+    pub fn sizes(&self) -> &SizeDefs {
+        &self.sizes
     }
 
     /// Registers a reducer made by a rule (no-op if one of that name exists).
@@ -459,7 +489,7 @@ pub fn infer(
                         .help("reshape before partitioning, or after combination"),
                 );
             }
-            if !same_element_count(&t.shape, shape) {
+            if !same_element_count(&t.shape, shape, &env.sizes) {
                 return err(format!(
                     "reshape from {} to {} changes the number of elements",
                     shape_text(&t.shape),
@@ -471,6 +501,14 @@ pub fn infer(
                 shape: shape.clone(),
                 par: t.par.clone(),
             }))
+        }
+        Slice(d, start, end, _) => slice(tensor(operands[0])?, d, start, end, &env.sizes),
+        Concat(d, _) => {
+            let ts = operands
+                .iter()
+                .map(|t| tensor(t))
+                .collect::<TResult<Vec<_>>>()?;
+            concat(&ts, d, &env.sizes)
         }
         Broadcast(shape, _) => {
             let t = tensor(operands[0])?;
@@ -569,20 +607,171 @@ fn collect_tensor(t: &TensorType, axis: &str) -> TResult<TensorType> {
     })
 }
 
-fn same_element_count(a: &[Dim], b: &[Dim]) -> bool {
-    fn split(s: &[Dim]) -> (u128, Vec<&Dim>) {
-        let mut lit: u128 = 1;
-        let mut syms = Vec::new();
-        for d in s {
-            match (&d.base, d.splits.is_empty()) {
-                (DimBase::Lit(n), true) => lit = lit.saturating_mul(*n as u128),
-                _ => syms.push(d),
+/// The hint for an extent no symbol names: the binding that would name it.
+fn name_it_help(p: &Poly) -> String {
+    // A name from the expression's text: `T + 1` suggests `T1`, `NH*D` suggests `NHD`.
+    let mut name: String = p
+        .to_string()
+        .chars()
+        .filter_map(|c| match c {
+            '-' => Some('M'),
+            c if c.is_ascii_alphanumeric() || c == '_' => Some(c.to_ascii_uppercase()),
+            _ => None,
+        })
+        .collect();
+    if !name.starts_with(|c: char| c.is_ascii_uppercase()) {
+        name.insert(0, 'N');
+    }
+    format!("name the size: add `{name} = {p}` to the function's `where` clause")
+}
+
+/// `slice[D, START, END](x)`: dimension `D` becomes `END - START`, which must be a literal or
+/// the normal form of a dimension symbol. `D` must not be partitioned (the slice is of the
+/// whole dimension); other dimensions and entries pass through.
+fn slice(t: &TensorType, d: &DimRef, start: &Dim, end: &Dim, sizes: &SizeDefs) -> TResult<Type> {
+    let i = resolve_dim(&t.shape, d)?;
+    if let Some(a) = t.par.partitioner_of(i) {
+        return Err(TypeError::new(format!(
+            "slice of dimension {}, which is partitioned along `{a}`",
+            t.shape[i]
+        ))
+        .help(format!(
+            "slice the whole dimension: before partition[{},{a}] or after combination",
+            t.shape[i]
+        )));
+    }
+    for b in [start, end] {
+        if !b.splits.is_empty() || matches!(b.base, DimBase::Extent(_)) {
+            return err(format!(
+                "slice bound {b} is neither an integer nor a dimension symbol"
+            ));
+        }
+    }
+    let (s, e, whole) = (
+        sizes.normal(start),
+        sizes.normal(end),
+        sizes.normal(&t.shape[i]),
+    );
+    let len = e
+        .checked_sub(&s)
+        .ok_or_else(|| TypeError::new("slice bounds overflow"))?;
+    match len.as_constant() {
+        Some(n) if n <= 0 => {
+            return Err(TypeError::new(format!(
+                "slice [{start}, {end}) of dimension {} is empty",
+                t.shape[i]
+            ))
+            .help("the end is exclusive and must be past the start"))
+        }
+        _ => {}
+    }
+    if let Some(n) = whole.checked_sub(&e).and_then(|r| r.as_constant()) {
+        if n < 0 {
+            let size = whole.to_string();
+            return Err(TypeError::new(format!(
+                "slice [{start}, {end}) runs past the end of dimension {}{}",
+                t.shape[i],
+                if size == t.shape[i].to_string() {
+                    String::new()
+                } else {
+                    format!(" (size {size})")
+                }
+            ))
+            .help("the end is exclusive: at most the dimension's size"));
+        }
+    }
+    let Some(dim) = sizes.name(&len) else {
+        return Err(TypeError::new(format!(
+            "slice [{start}, {end}) of dimension {} has {len} elements, which no dimension symbol names",
+            t.shape[i]
+        ))
+        .help(name_it_help(&len)));
+    };
+    let mut out = t.clone();
+    out.shape[i] = dim;
+    Ok(Type::Tensor(out))
+}
+
+/// `concat[D](a, b, …)`: operands of one dtype, rank and parallel state, equal in every
+/// dimension but `D` (resolved against the first operand), which must be unpartitioned; the
+/// result's `D` is the sum, a literal or the normal form of a dimension symbol.
+fn concat(ts: &[&TensorType], d: &DimRef, sizes: &SizeDefs) -> TResult<Type> {
+    let [first, rest @ ..] = ts else {
+        return err("`concat` needs at least two operands");
+    };
+    if rest.is_empty() {
+        return err("`concat` needs at least two operands")
+            .map_err(|e| e.help("a single operand is the value itself"));
+    }
+    if first.rank() == 0 {
+        return err("`concat` of scalars: operands need a dimension to join along");
+    }
+    let i = resolve_dim(&first.shape, d)?;
+    if let Some(a) = first.par.partitioner_of(i) {
+        return Err(TypeError::new(format!(
+            "concat along dimension {}, which is partitioned along `{a}`",
+            first.shape[i]
+        ))
+        .help("concatenate whole dimensions: partition another dimension, or join before partitioning"));
+    }
+    let mut total = sizes.normal(&first.shape[i]);
+    for (k, t) in rest.iter().enumerate() {
+        let which = k + 1;
+        if t.dtype != first.dtype {
+            return Err(TypeError::new(format!(
+                "concat operand {which} is {}, operand 0 is {}",
+                t.dtype, first.dtype
+            ))
+            .help("convert it with `cast(x) to=DTYPE`"));
+        }
+        if t.rank() != first.rank() {
+            return Err(TypeError::new(format!(
+                "concat operand {which} has shape {}, operand 0 has {}: ranks differ",
+                shape_text(&t.shape),
+                shape_text(&first.shape)
+            ))
+            .help("reshape or broadcast the operands to one rank"));
+        }
+        for (j, (a, b)) in first.shape.iter().zip(&t.shape).enumerate() {
+            if j != i && a != b {
+                return Err(TypeError::new(format!(
+                    "concat operand {which} has shape {}, operand 0 has {}: dimension {j} differs ({b} against {a})",
+                    shape_text(&t.shape),
+                    shape_text(&first.shape)
+                ))
+                .help(format!("operands may differ only along the concatenated dimension {i}")));
             }
         }
-        syms.sort();
-        (lit, syms)
+        if t.par != first.par {
+            return Err(TypeError::new(format!(
+                "concat operands differ in parallel state: operand 0 has {}, operand {which} has {}",
+                state_text(first),
+                state_text(t)
+            ))
+            .help("tile every operand the same way (the same partition, replicate and partial entries)"));
+        }
+        total = total
+            .checked_add(&sizes.normal(&t.shape[i]))
+            .ok_or_else(|| TypeError::new("concat size overflows"))?;
     }
-    split(a) == split(b)
+    let Some(dim) = sizes.name(&total) else {
+        return Err(TypeError::new(format!(
+            "concatenating along dimension {i} gives {total} elements, which no dimension symbol names"
+        ))
+        .help(name_it_help(&total)));
+    };
+    let mut out = (*first).clone();
+    out.shape[i] = dim;
+    Ok(Type::Tensor(out))
+}
+
+/// Whether two shapes hold as many elements at every size of their symbols: the products of
+/// their normal forms agree (`BxHD` and `BxNHxD` with `HD = NH*D`).
+fn same_element_count(a: &[Dim], b: &[Dim], sizes: &SizeDefs) -> bool {
+    match (sizes.count(a), sizes.count(b)) {
+        (Some(x), Some(y)) => x == y,
+        _ => false,
+    }
 }
 
 fn matmul(a: &TensorType, b: &TensorType, acc: Option<DType>, tiled: bool) -> TResult<Type> {

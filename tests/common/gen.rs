@@ -147,6 +147,8 @@ struct Generator<'a> {
     closed: Vec<String>,
     /// The dimension symbols bound by `where`.
     dims: Vec<String>,
+    /// Symbols `X` with a derived size `X2 = X + X` in `where` (a concat of two `X`s).
+    doubled: Vec<String>,
 }
 
 fn tensor_of(t: &Type) -> Option<&TensorType> {
@@ -167,6 +169,17 @@ fn has_state(t: &Type) -> bool {
 /// index.
 fn dim_ref(t: &TensorType, i: usize) -> String {
     efopt::ir::dim_ref_text(&t.shape, i)
+}
+
+/// Now and then a derived size `X2 = X + X` for one of `dims`, which a concat of two `X`s
+/// takes (and a slice of either half undoes); the symbols it doubles.
+fn doubled_size(rng: &mut Rng, dims: &[String], bindings: &mut Vec<String>) -> Vec<String> {
+    if !rng.chance(1, 3) {
+        return Vec::new();
+    }
+    let x = rng.pick(dims).clone();
+    bindings.push(format!("{x}2 = {x} + {x}"));
+    vec![x]
 }
 
 fn shape_text(shape: &[Dim]) -> String {
@@ -205,6 +218,7 @@ impl<'a> Generator<'a> {
         if rng.chance(1, 5) {
             bindings.push(format!("{} = {}", rng.pick(AXES), rng.pick(&[1, 2])));
         }
+        let doubled = doubled_size(rng, &dims, &mut bindings);
         let func_line = format!("func gen{index} where {} {{\n", bindings.join(", "));
         let mut g = Generator {
             rng,
@@ -220,6 +234,7 @@ impl<'a> Generator<'a> {
             oracle_calls: 0,
             closed: Vec::new(),
             dims: dims.clone(),
+            doubled,
         };
         let ninputs = 1 + g.rng.below(3);
         for _ in 0..ninputs {
@@ -688,8 +703,41 @@ impl<'a> Generator<'a> {
                     self.try_stmt(&name, &format!("cast[{to}]({x})"));
                 }
             }
+            _ if self.rng.chance(1, 6) => self.slice_or_concat(&name),
             _ => self.misc(&name),
         }
+    }
+
+    /// A value beside itself or its negation (`concat`, along a dimension `X` with
+    /// `X2 = X + X` bound), or a slice: the first index, or either half of such a concat.
+    fn slice_or_concat(&mut self, name: &str) {
+        let Some(i) = self.pick_val(|v| Self::float_tensor(v) && Self::rank(v) > 0) else {
+            return;
+        };
+        let t = tensor_of(&self.vals[i].ty).cloned().unwrap();
+        let d = self.rng.below(t.rank());
+        let dim = t.shape[d].to_string();
+        let x = self.vals[i].name.clone();
+        let whole = self.doubled.iter().find(|b| **b == dim).cloned();
+        let half = self
+            .doubled
+            .iter()
+            .find(|b| format!("{b}2") == dim)
+            .cloned();
+        let expr = match (self.rng.below(3), whole, half) {
+            (0, Some(_), _) => {
+                let other = if self.rng.chance(1, 2) {
+                    x.clone()
+                } else {
+                    format!("neg({x})")
+                };
+                format!("concat[{d}]({x}, {other})")
+            }
+            (1, _, Some(b)) => format!("slice[{d},{b},{b}2]({x})"),
+            (_, _, Some(b)) => format!("slice[{d},0,{b}]({x})"),
+            _ => format!("slice[{d},0,1]({x})"),
+        };
+        self.try_stmt(name, &expr);
     }
 
     /// Tuples, `get`, user tuple reducers, and new leaves.
@@ -1054,6 +1102,7 @@ impl<'a> Generator<'a> {
             bindings.push(format!("{name} = {}", rng.pick(TL_SIZES)));
             dims.push(name.to_string());
         }
+        let doubled = doubled_size(rng, &dims, &mut bindings);
         let func_line = format!("func gen{index} where {} {{\n", bindings.join(", "));
         let mut g = Generator {
             rng,
@@ -1069,6 +1118,7 @@ impl<'a> Generator<'a> {
             oracle_calls: 0,
             closed: Vec::new(),
             dims,
+            doubled,
         };
         for _ in 0..1 + g.rng.below(3) {
             let rank = *g.rng.pick(&[0, 1, 1, 2, 2, 2, 2, 3, 3]);
@@ -1132,7 +1182,7 @@ impl<'a> Generator<'a> {
 
     fn tensor_step(&mut self) {
         let name = self.fresh("v");
-        match self.rng.below(22) {
+        match self.rng.below(23) {
             0..=2 => {
                 let Some(i) = self.pick_val(Self::float_tensor) else {
                     return;
@@ -1208,7 +1258,8 @@ impl<'a> Generator<'a> {
             17 => self.tensor_leaf(&name),
             18 | 19 => self.softmax(),
             20 => self.rmsnorm(),
-            _ => self.attention(),
+            21 => self.attention(),
+            _ => self.slice_or_concat(&name),
         }
     }
 

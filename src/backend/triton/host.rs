@@ -119,9 +119,12 @@ pub fn emit_function(
         }
     }
     for b in &f.bindings {
-        if !bound.contains(&b.name) {
+        if !bound.contains(&b.name) && b.def.is_none() {
             let _ = writeln!(host, "    {} = {}", b.name, b.value);
         }
+    }
+    host.push_str(&derived_sizes(&f.bindings, &bound));
+    for b in &f.bindings {
         let _ = writeln!(host, "    P_{0} = {1}", b.name, padded_len(&ctx, &b.name));
     }
     for a in &ctx.axes {
@@ -163,4 +166,43 @@ pub fn emit_function(
         host,
         uses_product: ctx.uses_product.get(),
     })
+}
+
+/// Host lines for the derived sizes (`HD = NH*D`), factors first: one an input's shape gives
+/// is checked against its factors, another is computed from them.
+fn derived_sizes(bindings: &[Binding], from_shapes: &BTreeSet<String>) -> String {
+    let mut out = String::new();
+    let mut known: BTreeSet<&str> = bindings
+        .iter()
+        .filter(|b| b.def.is_none())
+        .map(|b| b.name.as_str())
+        .collect();
+    let mut pending: Vec<&Binding> = bindings.iter().filter(|b| b.def.is_some()).collect();
+    while !pending.is_empty() {
+        let before = pending.len();
+        pending.retain(|b| {
+            let Some(def) = &b.def else { return false };
+            if !def.symbols().iter().all(|s| known.contains(s.as_str())) {
+                return true;
+            }
+            if from_shapes.contains(&b.name) {
+                let _ = writeln!(
+                    out,
+                    "    assert {0} == {def}, \"{0} must be {def}\"",
+                    b.name
+                );
+            } else {
+                let _ = writeln!(out, "    {} = {def}", b.name);
+            }
+            known.insert(b.name.as_str());
+            false
+        });
+        // The verifier rejects cycles; a leftover would be a bug, written as its value.
+        if pending.len() == before {
+            for b in pending.drain(..) {
+                let _ = writeln!(out, "    {} = {}", b.name, b.value);
+            }
+        }
+    }
+    out
 }

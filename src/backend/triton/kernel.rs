@@ -523,6 +523,15 @@ impl KernelEmitter<'_, '_> {
             }
             return self.load(base, dims, id);
         }
+        // A view that is a result (of constants, too), in the kernel that writes it: loaded
+        // through.
+        if crate::lower::views::is_view_op(&node.kind) && !tiled(node.ty.as_ref()) {
+            let Some(Type::Tensor(t)) = node.ty.as_ref() else {
+                return Err(err("a view of a tuple"));
+            };
+            let dims = self.dims_of(t);
+            return self.load(id, dims, id);
+        }
         // Tensor-level values other kernels compute (or inputs) are read from memory;
         // constant expressions and tuple plumbing are computed here.
         let tensor_level_read = !self.in_kernel.contains(&id)
@@ -788,6 +797,9 @@ impl KernelEmitter<'_, '_> {
     ) -> Result<Val, (NodeId, String)> {
         let body = &self.ctx.f.body;
         let bnode = &body.nodes[base.index()];
+        if crate::lower::views::is_view_op(&bnode.kind) && !tiled(bnode.ty.as_ref()) {
+            return self.load_view(base, dims, at);
+        }
         if self.ctx.g.constant[base.index()] {
             return Err((at, "a load of a constant expression".into()));
         }

@@ -3,7 +3,7 @@
 //! Files: `names` (identifiers, dtypes, literals), `host` (the host function), `kernel` (a
 //! kernel's signature, values, loads, stores), `folds` (loops and fold state), `ops` (block
 //! operators and inlined reducer bodies), `skip` (fold loops over the key tiles a mask may
-//! keep, the plan's `skips`).
+//! keep, the plan's `skips`), `views` (loads through `slice` and `concat`).
 //!
 //! Every tile is a Triton block. A block dimension is either split by a parallel axis (length
 //! `BLOCK_<axis>`, offsets `c_<axis> * BLOCK_<axis> + arange`), or whole (length the next power
@@ -27,6 +27,7 @@ mod kernel;
 mod names;
 mod ops;
 mod skip;
+mod views;
 
 pub use host::emit_function;
 pub use names::dtype_host;

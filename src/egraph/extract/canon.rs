@@ -68,6 +68,9 @@ pub(super) fn is_compute(op: &Op) -> bool {
             | Op::Collection(_)
             | Op::Tuple
             | Op::Get(_)
+            // Views: their readers load through them (`lower::views`); no kernel of their own.
+            | Op::Slice(..)
+            | Op::Concat(_)
     )
 }
 

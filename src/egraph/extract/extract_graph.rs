@@ -103,6 +103,13 @@ impl<'a> ExtractGraph<'a> {
                     .nodes
                     .iter()
                     .filter(|n| !matches!(n.op, Op::MatMul { .. }))
+                    // A slice or concat of tiles cuts or joins blocks in a kernel, which
+                    // lowering refuses; its class holds the view of tensor-level values
+                    // (`slice-partition-in`, `concat-partition-in`) that loads read through.
+                    .filter(|n| {
+                        !(matches!(n.op, Op::Slice(..) | Op::Concat(_))
+                            && tiled(eg[*id].data.as_ref()))
+                    })
                     .map(|n| {
                         let kids = n.children.iter().map(|k| index[&eg.find(*k)]).collect();
                         (n.clone(), kids)
@@ -114,10 +121,15 @@ impl<'a> ExtractGraph<'a> {
             .collect();
         // A tensor-level value that has a tiled implementation (a `combination` of tiles) is
         // computed by it: as with matmul, the default-tiled tensor-level operator is skipped.
-        // Values without one keep their default tiling.
+        // Values without one keep their default tiling, and so do values whose combinations
+        // have no term left (their tiles need a slice or concat of tiles, filtered above).
+        let finite = crate::ir::finite::bottom_up(&operand_lists(&nodes)).finite;
         for (c, ns) in nodes.iter_mut().enumerate() {
             let untiled = !tiled(eg[ids[c]].data.as_ref());
-            if untiled && ns.iter().any(|(n, _)| matches!(n.op, Op::Combination(..))) {
+            let combined = ns.iter().any(|(n, kids)| {
+                matches!(n.op, Op::Combination(..)) && kids.iter().all(|k| finite[*k as usize])
+            });
+            if untiled && combined {
                 ns.retain(|(n, _)| !is_compute(&n.op));
             }
         }
@@ -139,15 +151,7 @@ impl<'a> ExtractGraph<'a> {
             (0, None)
         };
         // Classes with a finite term, bottom-up from the leaves.
-        let operands: Vec<Vec<Vec<usize>>> = nodes
-            .iter()
-            .map(|ns| {
-                ns.iter()
-                    .map(|(_, k)| k.iter().map(|k| *k as usize).collect())
-                    .collect()
-            })
-            .collect();
-        let finite = crate::ir::finite::bottom_up(&operands).finite;
+        let finite = crate::ir::finite::bottom_up(&operand_lists(&nodes)).finite;
         for ns in &mut nodes {
             ns.retain(|(_, k)| k.iter().all(|k| finite[*k as usize]));
         }
@@ -509,6 +513,18 @@ pub(super) fn volume(t: Option<&Type>, bindings: &[crate::ir::Binding]) -> f64 {
         Some(Type::Tuple(ts)) => ts.iter().map(|t| volume(Some(t), bindings)).sum(),
         None => 0.0,
     }
+}
+
+/// The operand classes of every e-node of every class, for `finite::bottom_up`.
+fn operand_lists(nodes: &[Vec<(ENode, Vec<u32>)>]) -> Vec<Vec<Vec<usize>>> {
+    nodes
+        .iter()
+        .map(|ns| {
+            ns.iter()
+                .map(|(_, k)| k.iter().map(|k| *k as usize).collect())
+                .collect()
+        })
+        .collect()
 }
 
 /// Estimated work of one e-node, for the exploration order only: operations over all parallel

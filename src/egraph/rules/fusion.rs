@@ -19,7 +19,7 @@ use crate::interp::Sizes;
 use crate::ir::{
     BinaryOp, Body, BuiltinReducer, ExprKind, Node, NodeId, ReducerDef, ReducerRef, UnaryOp,
 };
-use crate::verify::typing::{infer, TypeEnv};
+use crate::verify::typing::infer;
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 #[rustfmt::skip]
@@ -662,7 +662,7 @@ fn repair_fusion(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
             "repair",
         );
         // Check the fused reduction's type before proposing it.
-        let mut env = TypeEnv::new(eg.analysis.env.reducers());
+        let mut env = eg.analysis.env.fresh_copy();
         env.add_reducer(def.clone());
         let mut field_types: Vec<Type> = vec![eg[x].data.clone().unwrap_or(Type::Tuple(vec![]))];
         field_types.extend(

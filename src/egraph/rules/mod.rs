@@ -9,6 +9,7 @@ mod layout;
 mod propagation;
 mod refinement;
 pub mod repair;
+mod slicing;
 
 pub use fusion::describe_generated;
 mod storage;
@@ -136,10 +137,12 @@ pub enum Root {
     Partition,
     Replicate,
     Combination,
+    Slice,
+    Concat,
 }
 
 impl Root {
-    pub const ALL: [Root; 11] = [
+    pub const ALL: [Root; 13] = [
         Root::Any,
         Root::Binary,
         Root::Pointwise,
@@ -151,6 +154,8 @@ impl Root {
         Root::Partition,
         Root::Replicate,
         Root::Combination,
+        Root::Slice,
+        Root::Concat,
     ];
 
     /// The roots `op` matches, as a bit set indexed by discriminant.
@@ -167,6 +172,8 @@ impl Root {
             Op::Partition(..) => one(Root::Partition),
             Op::Replicate(_) => one(Root::Replicate),
             Op::Combination(..) => one(Root::Combination),
+            Op::Slice(..) => one(Root::Slice),
+            Op::Concat(_) => one(Root::Concat),
             _ => 0,
         };
         one(Root::Any) | specific
@@ -188,6 +195,7 @@ pub fn all_rules() -> Vec<&'static Rule> {
     v.extend(propagation::RULES.iter());
     v.extend(structural::RULES.iter());
     v.extend(storage::RULES.iter());
+    v.extend(slicing::RULES.iter());
     v
 }
 

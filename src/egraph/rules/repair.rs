@@ -319,6 +319,7 @@ fn function(body: Body, env: &TypeEnv, sizes: &Sizes) -> Result<Function, String
         .map(|(k, v)| Binding {
             name: k.clone(),
             value: *v,
+            def: None,
             span: Default::default(),
         })
         .collect();

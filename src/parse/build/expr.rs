@@ -304,6 +304,21 @@ impl Builder {
         }
     }
 
+    /// A bound of `slice`: an integer or a dimension symbol.
+    pub(super) fn slice_bound(&mut self, arg: &(BracketArg, Loc)) -> Option<Dim> {
+        match &arg.0 {
+            BracketArg::Int(i) => Some(Dim::lit(*i)),
+            BracketArg::Word(w) if is_dim_symbol(w) => Some(Dim::sym(w)),
+            _ => {
+                let d = self
+                    .err(arg.1, "a slice bound is a non-negative integer or a dimension symbol")
+                    .with_help("for example `slice[1, 0, 4](x)` or `slice[0, 1, T1](x)`; name other sizes in `where` (`T1 = T + 1`)");
+                self.push(d);
+                None
+            }
+        }
+    }
+
     pub(super) fn axis_arg(&mut self, arg: &(BracketArg, Loc)) -> Option<String> {
         match &arg.0 {
             BracketArg::Word(w) if is_axis_name(w) => Some(w.clone()),
@@ -359,6 +374,8 @@ impl Builder {
             match canonical {
                 "select" => (Some(3), 0, &[]),
                 "tuple" => (None, 0, &[]),
+                "concat" => (None, 1, &[]),
+                "slice" => (Some(1), 3, &[]),
                 "get" | "partition" | "combination" | "replicate" | "collection" | "transpose"
                 | "reshape" | "broadcast" => {
                     let nb = match canonical {
@@ -404,6 +421,13 @@ impl Builder {
             }
             None if nargs == 0 => {
                 let d = self.err(e.loc, format!("`{canonical}` needs at least one operand"));
+                self.push(d);
+                return None;
+            }
+            None if canonical == "concat" && nargs < 2 => {
+                let d = self
+                    .err(e.loc, "`concat` needs at least two operands")
+                    .with_help("a single operand is the value itself");
                 self.push(d);
                 return None;
             }
@@ -574,6 +598,13 @@ impl Builder {
                 ExprKind::Fill(v)
             }
             "iota" => ExprKind::Iota(self.dim_ref_arg(&brackets[0])?),
+            "slice" => {
+                let dim = self.dim_ref_arg(&brackets[0])?;
+                let start = self.slice_bound(&brackets[1])?;
+                let end = self.slice_bound(&brackets[2])?;
+                ExprKind::Slice(dim, start, end, x?)
+            }
+            "concat" => ExprKind::Concat(self.dim_ref_arg(&brackets[0])?, operands),
             name => {
                 if let Some((_, u)) = UNARY_OPS.iter().find(|(n, _)| *n == name) {
                     ExprKind::Unary(*u, x?)

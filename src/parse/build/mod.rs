@@ -9,9 +9,11 @@
 use crate::diag::{Diagnostic, Span};
 use crate::ir::{
     is_axis_name, is_dim_symbol, shape_to_string, Binding, Body, BuiltinReducer, DType, ExprKind,
-    Function, Module, Node, NodeId, ParKind, ParState, ReducerDef, TensorType, Type,
+    Function, Module, Node, NodeId, ParKind, ParState, ReducerDef, SizeExpr, TensorType, Type,
 };
-use crate::parse::ast::{BindingAst, Expr, ExprAst, FuncAst, Item, Loc, ReducerAst, Stmt, TypeAst};
+use crate::parse::ast::{
+    BindingAst, Expr, ExprAst, FuncAst, Item, Loc, ReducerAst, SizeAst, SizeAstKind, Stmt, TypeAst,
+};
 use std::collections::HashMap;
 
 mod egraph;
@@ -440,7 +442,13 @@ impl Builder {
                 self.push(d);
                 continue;
             }
-            if bnd.value == 0 {
+            let def = size_expr(&bnd.value);
+            // A definition over literals only is its value: a symbol bound to a number.
+            let (value, def) = match def.eval(&|_| None) {
+                Some(v) if def.symbols().is_empty() => (u64::try_from(v).unwrap_or(0), None),
+                _ => (0, Some(def)),
+            };
+            if def.is_none() && value == 0 {
                 let what = if is_axis_name(&bnd.name) {
                     "parallel axis"
                 } else {
@@ -457,9 +465,17 @@ impl Builder {
             }
             bindings.push(Binding {
                 name: bnd.name.clone(),
-                value: bnd.value,
+                value,
+                def,
                 span: self.span(bnd.loc),
             });
+        }
+        if let Err(errors) = crate::ir::sizes::resolve_bindings(&mut bindings) {
+            for e in errors {
+                let mut d = Diagnostic::error(bindings[e.binding].span, e.message);
+                d.help = e.help;
+                self.push(d);
+            }
         }
         bindings
     }
@@ -576,5 +592,21 @@ impl Builder {
             init,
             body: scope.body,
         })
+    }
+}
+
+/// A binding's size expression as the IR holds it.
+fn size_expr(a: &SizeAst) -> SizeExpr {
+    match &a.kind {
+        SizeAstKind::Int(n) => SizeExpr::Lit(*n),
+        SizeAstKind::Name(s) => SizeExpr::Sym(s.as_str().into()),
+        SizeAstKind::Bin(op, x, y) => {
+            let (x, y) = (Box::new(size_expr(x)), Box::new(size_expr(y)));
+            match op {
+                '+' => SizeExpr::Add(x, y),
+                '-' => SizeExpr::Sub(x, y),
+                _ => SizeExpr::Mul(x, y),
+            }
+        }
     }
 }

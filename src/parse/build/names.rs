@@ -47,6 +47,8 @@ pub(super) fn all_op_names() -> Vec<&'static str> {
         "broadcast",
         "fill",
         "iota",
+        "slice",
+        "concat",
     ]);
     v
 }
@@ -59,6 +61,8 @@ pub(super) fn bracket_help(op: &str) -> String {
         "reshape" | "broadcast" => format!("write `{op}[SHAPE](x)`, e.g. `{op}[Bx32x128](x)`"),
         "fill" => "write `fill[0.0]`".into(),
         "iota" => "write `iota[DIM]`".into(),
+        "slice" => "write `slice[DIM, START, END](x)`, e.g. `slice[1, 0, 4](x)` or `slice[T, 0, T0](x)` (END exclusive)".into(),
+        "concat" => "write `concat[DIM](a, b, …)`, e.g. `concat[0](cache, row)`".into(),
         _ => String::new(),
     }
 }
