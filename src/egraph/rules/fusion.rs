@@ -25,7 +25,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 #[rustfmt::skip]
 pub static RULES: &[Rule] = &[
     // name              family            equation
-    Rule { name: "product-fusion", family: Family::Fusion, equation: "⟨reduce X parallel=p @a, reduce Y parallel=p @b⟩ = get[0,1](reduce tuple(X, Y) parallel=p @a×b)  (independent)", root: Root::ReduceParallel, find: product_fusion, reach: Reach::ClassNodes },
+    Rule { name: "product-fusion", family: Family::Fusion, equation: "⟨reduce X parallel=p @a, reduce Y parallel=p @b⟩ = get[0,1](reduce tuple(X, Y) parallel=p @a×b)  (independent)", root: Root::ReduceParallel, find: product_fusion, reach: Reach::EGraph },
     Rule { name: "repair-fusion",  family: Family::Fusion, equation: "⟨s = reduce X parallel=p @P, reduce g(Y, s) parallel=p @add⟩ = get[0,1](reduce tuple(X, Y) parallel=p @h)  (h synthesised and checked)", root: Root::ReduceParallel, find: repair_fusion, reach: Reach::EGraph },
 ];
 
@@ -112,6 +112,11 @@ fn builtin_parallel(n: &ENode) -> Option<(&Sym, BuiltinReducer)> {
     }
 }
 
+/// Reads the e-graph's index of parallel reductions and which reductions reach which (their
+/// independence), both changed by merges anywhere: its reach is the whole e-graph. (Declared
+/// `ClassNodes`, incremental search found the two attention branches of differential
+/// attention's fused pairs an iteration later than full search; the same e-graph, numbered
+/// otherwise.) It matches reductions over parallel axes only, which few e-nodes are.
 fn product_fusion(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
     let Some((axis, ra)) = builtin_parallel(n) else {
         return;

@@ -114,12 +114,12 @@ pub enum Reach {
     /// The e-node, the e-nodes of its operand classes and the identity of their operands: a
     /// new e-node, or one whose operands changed, is searched again.
     Node,
-    /// Also which e-nodes a class holds — its own class (combination injectivity pairs
-    /// siblings) or a partner's (product fusion pairs one reduction per partner class): every
-    /// e-node of a changed class is searched again.
+    /// Also which e-nodes its own class holds (combination injectivity pairs siblings):
+    /// every e-node of a changed class is searched again.
     ClassNodes,
     /// Anything, to any depth (repair fusion follows a consumer's contribution down and pairs
-    /// it with a producer anywhere): every e-node is searched every iteration.
+    /// it with a producer anywhere; product fusion pairs independent reductions anywhere):
+    /// every e-node is searched every iteration.
     EGraph,
 }
 
