@@ -184,6 +184,10 @@ fn case_study_forms_run_and_compile() {
         ),
         ("mhc_fused", &["B=5", "C=24"][..]),
         (
+            "qknorm_mla_absorbed",
+            &["T=40", "L=16", "NH=2", "DH=16"][..],
+        ),
+        (
             "differential_attention_fused",
             &["NH=2", "T=40", "D=8", "DV=16"][..],
         ),
