@@ -20,7 +20,7 @@
 //! block, padding included, so a tile left out is one whose select yields its fill everywhere,
 //! and a select dropped in a fully kept tile changes no element.
 //!
-//! Limits: comparisons run in f32 in the generated code (indices are exact below 2^24), a
+//! Limits: comparisons run in int32 in the generated code (indices are exact below 2^31), a
 //! condition that is no such formula is *unknown* (it may hold anywhere, never surely), and a
 //! formula of more than [`MAX_TERMS`] terms is not analysed.
 
