@@ -44,6 +44,16 @@ pub enum Op {
     Concat(usize),
 }
 
+impl Op {
+    /// Elementwise: unary and binary operators, `select` and `cast`.
+    pub fn is_pointwise(&self) -> bool {
+        matches!(
+            self,
+            Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast(_)
+        )
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ENode {
     pub op: Op,

@@ -18,7 +18,7 @@
 //! numbering depends on no name. Value names, spans and types (which the operations decide)
 //! are not part of it.
 
-use super::{BinaryOp, Body, ExprKind, Function, NodeId, ReduceOver, Sym, Type};
+use super::{Body, ExprKind, Function, NodeId, ReduceOver, Sym, Type};
 use rustc_hash::FxHashMap;
 use std::hash::{Hash, Hasher};
 
@@ -93,20 +93,7 @@ fn anonymous(kind: &ExprKind) -> ExprKind {
 }
 
 fn commutative(kind: &ExprKind) -> bool {
-    matches!(
-        kind,
-        ExprKind::Binary(
-            BinaryOp::Add
-                | BinaryOp::Multiply
-                | BinaryOp::Maximum
-                | BinaryOp::Minimum
-                | BinaryOp::Equal
-                | BinaryOp::NotEqual
-                | BinaryOp::And
-                | BinaryOp::Or,
-            ..
-        )
-    )
+    matches!(kind, ExprKind::Binary(b, ..) if b.is_commutative())
 }
 
 fn form(body: &Body, id: NodeId, memo: &mut FxHashMap<NodeId, Form>) -> Form {

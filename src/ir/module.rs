@@ -105,6 +105,21 @@ impl UnaryOp {
 }
 
 impl BinaryOp {
+    /// `a ∘ b = b ∘ a`: sums, products, extrema, (in)equality and the logical operators.
+    pub fn is_commutative(self) -> bool {
+        matches!(
+            self,
+            BinaryOp::Add
+                | BinaryOp::Multiply
+                | BinaryOp::Maximum
+                | BinaryOp::Minimum
+                | BinaryOp::Equal
+                | BinaryOp::NotEqual
+                | BinaryOp::And
+                | BinaryOp::Or
+        )
+    }
+
     pub fn name(self) -> &'static str {
         BINARY_OPS
             .iter()

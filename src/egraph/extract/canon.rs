@@ -26,19 +26,7 @@ pub(super) enum Key {
 }
 
 pub(super) fn commutative(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Binary(
-            BinaryOp::Add
-                | BinaryOp::Multiply
-                | BinaryOp::Maximum
-                | BinaryOp::Minimum
-                | BinaryOp::Equal
-                | BinaryOp::NotEqual
-                | BinaryOp::And
-                | BinaryOp::Or
-        )
-    )
+    matches!(op, Op::Binary(b) if b.is_commutative())
 }
 
 /// True when `b` is `a` with the operands of a commutative operator swapped.
@@ -575,7 +563,7 @@ pub(super) fn associative(op: &Op) -> bool {
 }
 
 pub(super) fn is_pointwise(op: &Op) -> bool {
-    matches!(op, Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast(_))
+    op.is_pointwise()
 }
 
 /// A transpose inside a kernel, which the canonical form treats as part of a view chain.

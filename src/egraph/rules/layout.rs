@@ -25,10 +25,6 @@ pub static RULES: &[Rule] = &[
     Rule { name: "broadcast-combination-out", family: Family::Propagation, equation: "broadcast[S](combination[d,a](x)) = combination[d+off,a](broadcast[S](x))", root: Root::Broadcast, find: broadcast_combination_out, reach: Reach::Node },
 ];
 
-fn is_pointwise(op: &Op) -> bool {
-    matches!(op, Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast(_))
-}
-
 /// True for a permutation that swaps the last two of its dimensions and keeps the others:
 /// the transpose of a (batched) matrix.
 fn swaps_last_two(perm: &[usize]) -> bool {
@@ -99,7 +95,7 @@ fn transpose_pointwise(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
         return;
     }
     for f in nodes(eg, n.children[0]) {
-        if !is_pointwise(&f.op) {
+        if !Op::is_pointwise(&f.op) {
             continue;
         }
         let views: Option<Vec<Term>> = f
@@ -209,7 +205,7 @@ fn broadcast_shapes(a: &[crate::ir::Dim], b: &[crate::ir::Dim]) -> Option<Vec<cr
 }
 
 fn broadcast_implicit(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
-    if !is_pointwise(&n.op) || n.children.len() < 2 {
+    if !Op::is_pointwise(&n.op) || n.children.len() < 2 {
         return;
     }
     let Some(tout) = tensor_type(eg, class) else {

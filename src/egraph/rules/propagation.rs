@@ -24,10 +24,6 @@ pub static RULES: &[Rule] = &[
     Rule { name: "tile-matmul-replicate-in", family: Family::Propagation, equation: "replicate[a](tile_matmul(A,B)) = tile_matmul(replicate[a](A), replicate[a](B))", root: Root::Replicate, find: tile_matmul_replicate_in, reach: Reach::Node },
 ];
 
-fn is_pointwise(op: &Op) -> bool {
-    matches!(op, Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast(_))
-}
-
 /// A rank-0 value without parallel state: typing replicates it implicitly.
 fn is_scalar_literal(t: &TensorType) -> bool {
     t.shape.is_empty() && t.par.is_empty()
@@ -63,7 +59,7 @@ fn pointwise_partition_in(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
         return;
     };
     for f in nodes(eg, inner) {
-        if !is_pointwise(&f.op) {
+        if !Op::is_pointwise(&f.op) {
             continue;
         }
         let views: Option<Vec<Term>> = f
@@ -81,7 +77,7 @@ fn pointwise_replicate_in(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
     let Op::Replicate(a) = &n.op else { return };
     for f in nodes(eg, n.children[0]) {
         // With only literals as operands nothing would carry the replica.
-        if !is_pointwise(&f.op)
+        if !Op::is_pointwise(&f.op)
             || f.children
                 .iter()
                 .all(|x| tensor_type(eg, *x).is_some_and(is_scalar_literal))
@@ -117,7 +113,7 @@ fn replicated_source(eg: &EGraph, x: Id, a: Sym) -> Option<Id> {
 }
 
 fn pointwise_replicate_out(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
-    if !is_pointwise(&n.op) {
+    if !Op::is_pointwise(&n.op) {
         return;
     }
     // Candidate axes: those some operand is replicated along.
@@ -150,7 +146,7 @@ fn pointwise_replicate_out(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
 }
 
 fn pointwise_combination_out(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
-    if !is_pointwise(&n.op) {
+    if !Op::is_pointwise(&n.op) {
         return;
     }
     let Some(tout) = tensor_type(eg, class) else {

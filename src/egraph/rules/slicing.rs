@@ -26,10 +26,6 @@ pub static RULES: &[Rule] = &[
     Rule { name: "slice-combination-out",    family: Family::Propagation, equation: "slice[d,i,j](combination[k,a](x)) = combination[k,a](slice[d,i,j](x))  (k ≠ d)", root: Root::Slice, find: slice_combination_out, reach: Reach::Node },
 ];
 
-fn is_pointwise(op: &Op) -> bool {
-    matches!(op, Op::Unary(_) | Op::Binary(_) | Op::Select | Op::Cast(_))
-}
-
 /// Where operand `t` sits against output dimension `d` of a rank-`rank` pointwise result:
 /// `None` when it broadcasts along `d` (rank 0, too low a rank, or extent 1), else its own
 /// index of that dimension.
@@ -39,7 +35,7 @@ fn local_dim(t: &TensorType, d: usize, rank: usize) -> Option<usize> {
 }
 
 fn pointwise_through_concat(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
-    if !is_pointwise(&n.op) {
+    if !Op::is_pointwise(&n.op) {
         return;
     }
     let Some(rank) = tensor_type(eg, class).map(|t| t.rank()) else {
@@ -108,7 +104,7 @@ fn slice_through_pointwise(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
         return;
     };
     for f in nodes(eg, n.children[0]) {
-        if !is_pointwise(&f.op) {
+        if !Op::is_pointwise(&f.op) {
             continue;
         }
         let ops: Option<Vec<Term>> = f
