@@ -36,4 +36,5 @@ pub mod ir;
 pub mod lower;
 pub mod parse;
 pub mod passes;
+pub mod rank;
 pub mod verify;

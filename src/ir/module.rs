@@ -484,6 +484,18 @@ pub struct Function {
     pub body: Body,
     /// A one-line comment printed above the function (candidate summaries).
     pub comment: Option<String>,
+    /// `schedule(m = 64, num_warps = 4, num_stages = 3)`: what `lower` emits by default
+    /// (`rank` chooses it). Checked by the verifier: block sizes of the function's split axes,
+    /// `num_warps` and `num_stages`.
+    pub schedule: Option<Vec<ScheduleEntry>>,
+}
+
+/// One `name = value` of a function's `schedule(…)`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScheduleEntry {
+    pub name: String,
+    pub value: u64,
+    pub span: Span,
 }
 
 impl Function {

@@ -337,6 +337,13 @@ pub fn print_function(f: &Function, opts: PrintOptions) -> String {
         }
     }
     write!(out, "func {}{}", f.name, where_clause(&f.bindings)).ok();
+    if let Some(entries) = &f.schedule {
+        let e: Vec<String> = entries
+            .iter()
+            .map(|e| format!("{} = {}", e.name, e.value))
+            .collect();
+        write!(out, " schedule({})", e.join(", ")).ok();
+    }
     out.push_str(" {\n");
     BodyPrinter::new(&f.body, opts).statements(&mut out, "  ");
     out.push_str("}\n");

@@ -182,6 +182,34 @@ impl Schedule {
     }
 }
 
+impl Schedule {
+    /// The function's own `schedule(…)` (what `rank` chose) over [`Schedule::default_for`]:
+    /// what `lower` emits.
+    pub fn of(plan: &KernelPlan) -> Schedule {
+        let mut s = Schedule::default_for(plan);
+        for e in plan.function.schedule.iter().flatten() {
+            match e.name.as_str() {
+                "num_warps" => s.num_warps = e.value,
+                "num_stages" => s.num_stages = e.value,
+                a => {
+                    if let Some(b) = s.block.get_mut(a) {
+                        *b = e.value;
+                    }
+                }
+            }
+        }
+        s
+    }
+
+    /// As a function's `schedule(…)`: block sizes by axis, then `num_warps`, `num_stages`.
+    pub fn entries(&self) -> Vec<(String, u64)> {
+        let mut v: Vec<(String, u64)> = self.block.iter().map(|(a, b)| (a.clone(), *b)).collect();
+        v.push(("num_warps".into(), self.num_warps));
+        v.push(("num_stages".into(), self.num_stages));
+        v
+    }
+}
+
 /// The plan of one function.
 #[derive(Clone, Debug)]
 pub struct KernelPlan<'a> {
@@ -269,6 +297,7 @@ pub fn plan<'a>(info: &'a ModuleInfo, f: &'a Function) -> Result<KernelPlan<'a>,
         let walked = Walk::new(f, info, &graph, k, &whole, &keys).run()?;
         kernels.push(planned_kernel(f, info, &graph, k, whole, walked));
     }
+    let dot_axes = dot_axes(f);
     let space = ScheduleSpace {
         block: axes
             .iter()
@@ -283,18 +312,18 @@ pub fn plan<'a>(info: &'a ModuleInfo, f: &'a Function) -> Result<KernelPlan<'a>,
                         .map(|b| b.value),
                     DimBase::Extent(_) => None,
                 };
+                // `tl.dot` needs 16 rows, columns and depth; other blocks may be one row.
+                let min = if dot_axes.contains(&a.name) {
+                    MIN_BLOCK
+                } else {
+                    1
+                };
                 // A size past 2^63 has no next power of two: it is past MAX_BLOCK anyway.
                 let max = size
                     .and_then(|n| n.max(1).checked_next_power_of_two())
                     .unwrap_or(MAX_BLOCK)
-                    .clamp(MIN_BLOCK, MAX_BLOCK);
-                Some((
-                    a.name.clone(),
-                    Range::PowersOfTwo {
-                        min: MIN_BLOCK,
-                        max,
-                    },
-                ))
+                    .clamp(min, MAX_BLOCK);
+                Some((a.name.clone(), Range::PowersOfTwo { min, max }))
             })
             .collect(),
         num_warps: Range::OneOf(vec![1, 2, 4, 8, 16]),
@@ -309,6 +338,30 @@ pub fn plan<'a>(info: &'a ModuleInfo, f: &'a Function) -> Result<KernelPlan<'a>,
         axes,
         space,
     })
+}
+
+/// Axes that split a dimension some matrix product multiplies along or produces (rows and
+/// columns of either operand): `tl.dot` needs blocks of at least 16 there.
+fn dot_axes(f: &Function) -> BTreeSet<String> {
+    let body = &f.body;
+    let mut axes = BTreeSet::new();
+    for n in &body.nodes {
+        let (a, b) = match &n.kind {
+            ExprKind::MatMul { a, b, .. } | ExprKind::TileMatMul { a, b, .. } => (*a, *b),
+            _ => continue,
+        };
+        for x in [a, b] {
+            if let Some(Type::Tensor(t)) = body.ty(x) {
+                let bs = walk::blocks(t, &BTreeSet::new());
+                for b in bs.iter().skip(bs.len().saturating_sub(2)) {
+                    if let Block::Split(a) = b {
+                        axes.insert(a.clone());
+                    }
+                }
+            }
+        }
+    }
+    axes
 }
 
 /// The kernel's folds, loads, stores and recomputed values, from its walk.

@@ -192,6 +192,8 @@ pub struct FuncAst {
     pub name: String,
     pub name_loc: Loc,
     pub bindings: Vec<BindingAst>,
+    /// `schedule(m = 64, num_warps = 4)`: each entry's name, value and location.
+    pub schedule: Option<Vec<(String, String, Loc)>>,
     pub stmts: Vec<Stmt>,
 }
 

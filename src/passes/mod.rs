@@ -2,7 +2,7 @@
 //! options (`check{against=m0.ef tol=0.01}`), and reports counters for `--stats=json`.
 //!
 //! One file per pass, named after it: [`verify`], [`interpret`], [`check`], [`saturate`],
-//! [`extract`], [`expect_contains`], [`lower`], [`triton_check`]. Besides them:
+//! [`extract`], [`expect_contains`], [`rank`], [`lower`], [`triton_check`]. Besides them:
 //! [`options`] (typed options: the `PassOptions` trait, option kinds and values),
 //! [`pipeline`] (pipeline text: parser and printer), [`manager`] (the pass manager that runs a
 //! pipeline on a module: verification between passes, timing, IR dumps, statistics) and
@@ -17,6 +17,7 @@ pub mod manager;
 pub mod net;
 pub mod options;
 pub mod pipeline;
+pub mod rank;
 pub mod saturate;
 pub mod triton_check;
 pub mod verify;
@@ -118,6 +119,7 @@ pub fn registry() -> Vec<PassInfo> {
         PassInfo::of::<saturate::SaturatePass>(),
         PassInfo::of::<extract::ExtractPass>(),
         PassInfo::of::<expect_contains::ContainsPass>(),
+        PassInfo::of::<rank::RankPass>(),
         PassInfo::of::<lower::LowerPass>(),
         PassInfo::of::<triton_check::TritonCheckPass>(),
     ]

@@ -99,6 +99,7 @@ fn verify_function(f: &mut Function, env: &TypeEnv, diags: &mut Vec<Diagnostic>)
         }
     }
     slice_ranges(f, diags);
+    schedule_entries(f, diags);
     let body = &f.body;
     for r in &body.results {
         if let Some(t) = body.ty(*r) {
@@ -110,6 +111,64 @@ fn verify_function(f: &mut Function, env: &TypeEnv, diags: &mut Vec<Diagnostic>)
                         .with_note(Some(body.results_span), "returned here"),
                 );
             }
+        }
+    }
+}
+
+/// A `schedule(…)`: block sizes of axes the function splits (powers of two up to 1024),
+/// `num_warps` (1, 2, 4, 8 or 16) and `num_stages` (1 to 8).
+fn schedule_entries(f: &Function, diags: &mut Vec<Diagnostic>) {
+    let Some(entries) = &f.schedule else { return };
+    let split: std::collections::BTreeSet<&str> = f
+        .body
+        .nodes
+        .iter()
+        .filter_map(|n| match &n.kind {
+            ExprKind::Partition(_, a, _) => Some(a.as_str()),
+            _ => None,
+        })
+        .collect();
+    for e in entries {
+        let (ok, expected) = match e.name.as_str() {
+            "num_warps" => (
+                matches!(e.value, 1 | 2 | 4 | 8 | 16),
+                "1, 2, 4, 8 or 16".to_string(),
+            ),
+            "num_stages" => ((1..=8).contains(&e.value), "1 to 8".to_string()),
+            a if split.contains(a) => (
+                e.value.is_power_of_two() && e.value <= 1024,
+                "a power of two up to 1024".to_string(),
+            ),
+            a => {
+                let known: Vec<&str> = split.iter().copied().collect();
+                let help = if known.is_empty() {
+                    "this function splits no axis: only `num_warps` and `num_stages` apply".into()
+                } else {
+                    format!(
+                        "block sizes are given for the axes the function partitions ({}), besides `num_warps` and `num_stages`",
+                        known.join(", ")
+                    )
+                };
+                diags.push(
+                    Diagnostic::error(
+                        e.span,
+                        format!("schedule names `{a}`, which is no axis the function splits"),
+                    )
+                    .with_label("unknown schedule parameter")
+                    .with_help(help),
+                );
+                continue;
+            }
+        };
+        if !ok {
+            diags.push(
+                Diagnostic::error(
+                    e.span,
+                    format!("`{}` = {} is out of range", e.name, e.value),
+                )
+                .with_label("this value")
+                .with_help(format!("`{}` takes {expected}", e.name)),
+            );
         }
     }
 }

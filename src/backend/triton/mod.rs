@@ -98,7 +98,7 @@ pub fn emit_module(
     let mut product_defined = false;
     for plan in plans {
         let f = plan.function;
-        let e = emit_function(plan, &Schedule::default_for(plan), opts, &mut names)
+        let e = emit_function(plan, &Schedule::of(plan), opts, &mut names)
             .map_err(|(n, m)| (n, m, f.name.clone()))?;
         // Defined once, before every kernel, whichever function needs it first.
         if e.uses_product && !product_defined {

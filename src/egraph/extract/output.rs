@@ -118,6 +118,7 @@ pub fn reconstruct(x: &ExtractGraph, choice: &Choice, name: &str) -> Function {
         bindings: x.g.bindings.clone(),
         body,
         comment: None,
+        schedule: None,
     }
 }
 

@@ -330,6 +330,7 @@ fn function(body: Body, env: &TypeEnv, sizes: &Sizes) -> Result<Function, String
         bindings,
         body,
         comment: None,
+        schedule: None,
     })
 }
 

@@ -115,7 +115,7 @@ fn programs(env: &PlanEnv, axes: &[String]) -> Vec<(BTreeMap<String, i64>, f64)>
 /// Traffic and work of a plan at its `where` sizes and default schedule, over the tiles its
 /// programs visit.
 pub fn plan_cost(p: &KernelPlan) -> Cost {
-    let schedule = Schedule::default_for(p);
+    let schedule = Schedule::of(p);
     let mut c = Cost {
         kernels: p.kernels.len(),
         ..Cost::default()
@@ -461,4 +461,27 @@ fn tiled_work(p: &KernelPlan, pk: &PlannedKernel, env: &mut PlanEnv) -> u64 {
     } else {
         total as u64
     }
+}
+
+/// Per skipping loop of `pk` (in `pk.skips` order): the tiles one program visits and, of
+/// them, those that may be partly masked, averaged over the programs (a sample past
+/// [`MAX_PROGRAMS`]) at `schedule`'s blocks. For the rank model.
+pub fn skip_visits(p: &KernelPlan, pk: &PlannedKernel, schedule: &Schedule) -> Vec<(f64, f64)> {
+    let mut env = PlanEnv::new(p, schedule);
+    let (axes, _) = mask_axes(pk, &env);
+    let progs = programs(&env, &axes);
+    let mut sums = vec![(0.0f64, 0.0f64); pk.skips.len()];
+    let mut weight = 0.0f64;
+    for (coords, w) in progs {
+        env.coords = coords;
+        for (s, sum) in pk.skips.iter().zip(sums.iter_mut()) {
+            sum.0 += s.visits.count(&env) as f64 * w;
+            sum.1 += s.visits.masked_count(&env) as f64 * w;
+        }
+        weight += w;
+    }
+    let weight = weight.max(1.0);
+    sums.into_iter()
+        .map(|(v, m)| (v / weight, m / weight))
+        .collect()
 }

@@ -93,6 +93,7 @@ fn function(name: &str, body: Body) -> Function {
         bindings: Vec::new(),
         body,
         comment: None,
+        schedule: None,
     }
 }
 

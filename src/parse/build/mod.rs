@@ -9,7 +9,8 @@
 use crate::diag::{Diagnostic, Span};
 use crate::ir::{
     is_axis_name, is_dim_symbol, shape_to_string, Binding, Body, BuiltinReducer, DType, ExprKind,
-    Function, Module, Node, NodeId, ParKind, ParState, ReducerDef, SizeExpr, TensorType, Type,
+    Function, Module, Node, NodeId, ParKind, ParState, ReducerDef, ScheduleEntry, SizeExpr,
+    TensorType, Type,
 };
 use crate::parse::ast::{
     BindingAst, Expr, ExprAst, FuncAst, Item, Loc, ReducerAst, SizeAst, SizeAstKind, Stmt, TypeAst,
@@ -166,6 +167,34 @@ impl Builder {
             f.name_loc,
             &format!("function `{}`", f.name),
         );
+        let schedule = f.schedule.as_ref().map(|entries| {
+            let mut out: Vec<ScheduleEntry> = Vec::new();
+            for (name, value, loc) in entries {
+                if out.iter().any(|e| &e.name == name) {
+                    let d = self
+                        .err(*loc, format!("`{name}` is scheduled twice"))
+                        .with_help("give each block size, `num_warps` and `num_stages` once");
+                    self.push(d);
+                    continue;
+                }
+                match value.parse::<u64>() {
+                    Ok(value) => out.push(ScheduleEntry {
+                        name: name.clone(),
+                        value,
+                        span: self.span(*loc),
+                    }),
+                    Err(_) => {
+                        let d = self
+                            .err(*loc, format!("schedule value `{value}` is too large"))
+                            .with_help(
+                                "block sizes, `num_warps` and `num_stages` are small powers of two",
+                            );
+                        self.push(d);
+                    }
+                }
+            }
+            out
+        });
         if self.diags[errors_before..].iter().any(|d| d.is_error()) {
             return None;
         }
@@ -175,6 +204,7 @@ impl Builder {
             bindings,
             body: scope.body,
             comment: None,
+            schedule,
         })
     }
 
