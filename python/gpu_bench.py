@@ -227,7 +227,9 @@ def input_copies(inputs):
     return [inputs] + [[t.clone() for t in inputs] for _ in range(n - 1)]
 
 
-def bench(call, copies):
+def bench(call, copies, rep=100):
+    """Median µs of one `call` over `copies`; `rep`: ms of graph replays per measurement."""
+
     def run():
         for inputs in copies:
             call(inputs)
@@ -235,9 +237,9 @@ def bench(call, copies):
     run()
     torch.cuda.synchronize()
     try:
-        ms = triton.testing.do_bench_cudagraph(run, rep=100, return_mode="median")
+        ms = triton.testing.do_bench_cudagraph(run, rep=rep, return_mode="median")
     except Exception:  # some callables cannot be captured; time them with launches
-        ms = triton.testing.do_bench(run, warmup=25, rep=100, return_mode="median")
+        ms = triton.testing.do_bench(run, warmup=25, rep=rep, return_mode="median")
     return 1000.0 * ms / len(copies)
 
 
