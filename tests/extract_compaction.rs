@@ -1091,6 +1091,7 @@ fn the_output_stops_at_the_memory_limit_keeping_the_first_candidates() {
             .map(|f| {
                 let f = efopt::ir::Function {
                     comment: f.comment.clone().filter(|_| comments),
+                    schedule: None,
                     ..f.clone()
                 };
                 efopt::ir::print::print_function(&f, print)
@@ -1124,6 +1125,7 @@ fn the_output_stops_at_the_memory_limit_keeping_the_first_candidates() {
         let text = |f: &efopt::ir::Function| {
             let f = efopt::ir::Function {
                 comment: None,
+                schedule: None,
                 ..f.clone()
             };
             efopt::ir::print::print_function(&f, efopt::ir::print::PrintOptions::default())

@@ -94,10 +94,18 @@ fn a_tiled_row_sum_is_one_kernel_looping_over_its_tiles() {
         level: None,
     });
     assert!(init < open && open < loaded && loaded < close && close < store);
-    // p splits K = 256: blocks of 16 to 256; the default schedule is 16, 4 warps, 2 stages.
+    // p splits K = 256, which no product multiplies along: blocks of 1 to 256; the default
+    // schedule is 16, 4 warps, 2 stages.
     assert_eq!(
         p.space.block,
-        vec![("p".to_string(), Range::PowersOfTwo { min: 16, max: 256 })]
+        vec![("p".to_string(), Range::PowersOfTwo { min: 1, max: 256 })]
+    );
+    // Rows of a `tl.dot` take blocks of at least 16.
+    let (mm, mm_info) = module(&example("matmul_exp_tiled"));
+    let mp = plan(&mm_info, &mm.funcs[0]).expect("plans");
+    assert_eq!(
+        mp.space.block,
+        vec![("p".to_string(), Range::PowersOfTwo { min: 16, max: 64 })]
     );
     let s = Schedule::default_for(&p);
     assert_eq!(s.block.get("p"), Some(&16));

@@ -230,6 +230,7 @@ fn evaluate(
         bindings: f.bindings.clone(),
         body,
         comment: None,
+        schedule: None,
     };
     let interp = Interpreter::new(module, sizes.clone());
     interp

@@ -369,14 +369,15 @@ fn masks_and_integers_run_and_compile() {
 
 /// Hand-written folds: an all-reduce collection fold before the kernel's other loop, a
 /// one-field user reducer over a tile dimension, a collection fold inside a kernel, a
-/// whole (combined in-kernel) axis, an axis both folded in a loop and on the grid, and user
+/// result stored through nested combinations (a two-dimensional grid), a whole (combined
+/// in-kernel) axis, an axis both folded in a loop and on the grid, and user
 /// reducers folded element by element (over a partial tile's dimension and at tensor
 /// level) and over stored stacks (of tiles split by `k`, and of per-tile statistics), and
 /// products (`@mul`, through `tl.reduce` and a combine function) over a tile dimension and
 /// at tensor level, all run and compiled.
 #[test]
 fn all_reduce_and_user_reducer_folds_run_and_compile() {
-    check_counts("tests/lit/lower/folds.ef", &[], 11, 14);
+    check_counts("tests/lit/lower/folds.ef", &[], 12, 15);
 }
 
 /// Single-kernel MHA decode candidates that split the head dimension `d` of the output
@@ -460,4 +461,70 @@ fn gpu_bench_helpers() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Candidates ranked at the workloads' full sizes keep the schedules rank chose (blocks of
+/// one row where no product needs 16, blocks up to 1024, 1 to 5 stages), and run under those
+/// schedules (the host function's default) at small sizes, and compile for sm_90.
+#[test]
+fn ranked_candidates_run_and_compile_at_their_schedules() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = std::env::temp_dir().join(format!("efopt-ranked-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, full, small) in [
+        ("ngpt", &["B=1"][..], &["B=3", "H=40"][..]),
+        ("rmsnorm_gemm", &["B=16"][..], &["B=3", "H=40", "N=24"][..]),
+        ("lora", &["B=1"][..], &["B=2", "H=32", "N=40", "R=16"][..]),
+        ("layernorm_gemm", &["B=8"][..], &["B=3", "H=40", "N=24"][..]),
+        (
+            "mha_decode",
+            &["B=1"][..],
+            &["B=2", "NH=2", "K=40", "D=16"][..],
+        ),
+    ] {
+        let ranked = dir.join(format!("{name}.ef"));
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_efopt"));
+        for s in full {
+            cmd.args(["--set", s]);
+        }
+        let out = cmd
+            .arg("--passes=saturate,extract{max-candidates=300 max-kernels=2},rank{top=4}")
+            .arg(root.join(format!("examples/{name}.ef")))
+            .arg("-o")
+            .arg(&ranked)
+            .output()
+            .expect("efopt runs");
+        assert!(
+            out.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = std::fs::read_to_string(&ranked).unwrap();
+        assert!(
+            text.contains(" schedule("),
+            "{name}: no schedule in\n{text}"
+        );
+        let file = ranked.to_str().unwrap();
+        let (code, stdout, stderr) = efopt(
+            file,
+            small,
+            "triton-check{compile=sm_90 blocks=16 sample=0}",
+            &[],
+        );
+        let summary = stdout
+            .lines()
+            .find(|l| l.starts_with("// triton-check:"))
+            .unwrap_or_else(|| panic!("{name}: no summary\n{stdout}\n{stderr}"))
+            .to_string();
+        assert_eq!(code, Some(0), "{name}: {summary}\n{stdout}\n{stderr}");
+        assert_eq!(count(&summary, " failed"), 0, "{name}: {summary}");
+        // Each function: its ranked schedule ({}) and blocks of 16.
+        assert_eq!(
+            count(&summary, " run(s) ok"),
+            2 * count(&summary, " checked"),
+            "{name}: {summary}"
+        );
+        assert!(stdout.contains(" schedule {}: ok"), "{name}: {stdout}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -547,10 +547,20 @@ fn planned_axes(f: &Function) -> Vec<PlannedAxis> {
 /// axis, a reshape or broadcast of its tiles, or a dimension split twice is refused.
 fn whole_axes(f: &Function, k: &Kernel) -> Result<BTreeSet<String>, Refusal> {
     let body = &f.body;
+    // The combinations an output is stored through (`combination[M,m](combination[N,n](x))`
+    // stores tiles of x along m and n: a two-dimensional grid, nothing combined inside).
+    let mut stored = BTreeSet::new();
+    for o in &k.outputs {
+        let mut at = *o;
+        while let ExprKind::Combination(_, _, x) = &body.node(at).kind {
+            stored.insert(at);
+            at = *x;
+        }
+    }
     let mut whole = BTreeSet::new();
     for id in &k.nodes {
         if let ExprKind::Combination(_, a, _) = &body.node(*id).kind {
-            if tiled(body.ty(*id)) {
+            if tiled(body.ty(*id)) && !stored.contains(id) {
                 whole.insert(a.to_string());
             }
         }

@@ -235,7 +235,19 @@ impl Pass for RankPass {
         let mut kept: Vec<(String, usize, usize, Estimate)> = Vec::new();
         let mut rows = Vec::new();
         for (src, mut list) in groups {
-            list.sort_by(|a, b| a.1.cost.us.total_cmp(&b.1.cost.us).then(a.0.cmp(&b.0)));
+            // Times equal but for rounding tie; then less work, fewer kernels, the name.
+            list.sort_by(|a, b| {
+                let (x, y) = (a.1.cost.us, b.1.cost.us);
+                let time = if (x - y).abs() <= 1e-9 * x.abs().max(y.abs()) {
+                    std::cmp::Ordering::Equal
+                } else {
+                    x.total_cmp(&y)
+                };
+                let work = |e: &Estimate| e.cost.flops().iter().sum::<f64>();
+                time.then(work(&a.1).total_cmp(&work(&b.1)))
+                    .then(a.1.cost.kernels.len().cmp(&b.1.cost.kernels.len()))
+                    .then(a.0.cmp(&b.0))
+            });
             let of = list.len();
             let top = if self.opts.top == 0 {
                 of

@@ -162,7 +162,7 @@ impl Pass for TritonCheckPass {
                 outs.push(serde_json::json!({"file": file, "shape": t.shape}));
             }
             let host = hosts.get(fi).cloned().unwrap_or_default();
-            let schedules: Vec<serde_json::Value> = self
+            let mut schedules: Vec<serde_json::Value> = self
                 .blocks
                 .iter()
                 .map(|b| {
@@ -173,6 +173,10 @@ impl Pass for TritonCheckPass {
                     serde_json::Value::Object(m)
                 })
                 .collect();
+            // A ranked function also runs with its own schedule (the host function's default).
+            if f.schedule.is_some() {
+                schedules.insert(0, serde_json::json!({}));
+            }
             functions.push(serde_json::json!({
                 "name": host, "ir_name": f.name, "schedules": schedules, "inputs": ins, "outputs": outs
             }));

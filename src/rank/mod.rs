@@ -52,6 +52,9 @@ pub fn estimate_model(m: &FunctionModel, dev: &Device, solver: Solver) -> Option
     match solver {
         Solver::Exhaustive => exhaustive(m, dev),
         Solver::Lp => {
+            // Every demand on shared memory and registers grows with the blocks: no legal
+            // point at the smallest blocks, none at all.
+            m.best_at(dev, &m.lo)?;
             let relaxed = lp::relax(m, dev);
             let start: Vec<u32> = match &relaxed {
                 Some((_, x)) => x
@@ -73,6 +76,7 @@ pub fn estimate_model(m: &FunctionModel, dev: &Device, solver: Solver) -> Option
 }
 
 fn exhaustive(m: &FunctionModel, dev: &Device) -> Option<Estimate> {
+    m.best_at(dev, &m.lo)?;
     let mut best: Option<(Point, Cost)> = None;
     let mut scored = 0;
     for blocks in m.block_points() {

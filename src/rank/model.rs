@@ -12,8 +12,9 @@
 //!   programs that read different tiles). L2 rule: a buffer comes from DRAM once (D) when D
 //!   fits in half the L2, or when the programs that share its tiles are adjacent in launch
 //!   order (the shared grid axes vary fastest) and one wave's share of D fits in half the L2;
-//!   otherwise every request goes to DRAM (R). Several loads of one buffer count D once (the
-//!   largest). Stores write each stored buffer once;
+//!   otherwise once per wave, at most every request: min(R, D · waves) (the programs of a
+//!   wave run together, so a tile they share is fetched once for all of them). Several
+//!   loads of one buffer count D once (the largest). Stores write each stored buffer once;
 //! - **work by unit**, at the blocks (padding included, as the hardware does it), times the
 //!   iterations of the loops around it and P, so a value every program recomputes costs its
 //!   work times the programs that recompute it: `tl.dot` products on tensor cores (bf16/f16
@@ -187,6 +188,9 @@ pub struct KernelModel {
     pub rounds: Vec<Term>,
 }
 
+/// Per kernel, per skipping loop: (visited, partly masked) tiles per program.
+type SkipVisits = Vec<Vec<(f64, f64)>>;
+
 /// A function's kernels as terms over its schedule axes.
 pub struct FunctionModel<'p> {
     pub plan: &'p KernelPlan<'p>,
@@ -197,7 +201,7 @@ pub struct FunctionModel<'p> {
     pub hi: Vec<u32>,
     pub kernels: Vec<KernelModel>,
     /// Visited tiles of each kernel's skipping loops, by blocks.
-    skip_cache: Mutex<BTreeMap<Vec<u64>, Vec<Vec<(f64, f64)>>>>,
+    skip_cache: Mutex<BTreeMap<Vec<u64>, SkipVisits>>,
 }
 
 /// One kernel at one schedule.
@@ -310,7 +314,7 @@ impl<'p> FunctionModel<'p> {
         }
     }
 
-    fn skips(&self, log_blocks: &[u32]) -> Vec<Vec<(f64, f64)>> {
+    fn skips(&self, log_blocks: &[u32]) -> SkipVisits {
         if self.kernels.iter().all(|k| k.skip_count == 0) {
             return vec![Vec::new(); self.kernels.len()];
         }
@@ -325,7 +329,7 @@ impl<'p> FunctionModel<'p> {
             num_warps: 4,
             num_stages: 1,
         });
-        let v: Vec<Vec<(f64, f64)>> = self
+        let v: SkipVisits = self
             .plan
             .kernels
             .iter()
@@ -461,10 +465,12 @@ impl<'p> FunctionModel<'p> {
             for (requested, distinct, adjacent) in &k.reads {
                 let fits = *distinct <= half_l2
                     || (*adjacent && distinct * wave / k.programs.max(1.0) <= half_l2);
+                // Programs of one wave run together: what they share comes from DRAM once
+                // per wave at most.
                 dram += if fits {
                     *distinct
                 } else {
-                    requested.max(*distinct)
+                    requested.min(distinct * waves).max(*distinct)
                 };
             }
             let times = [
@@ -622,7 +628,7 @@ impl Cx<'_, '_> {
     }
 
     /// Elements of one block of `t`: split dimensions at the block (clipped to the dimension
-    /// for bytes), whole ones at their size (padded to a power of two, at least 16, for work).
+    /// for bytes), whole ones at their size (padded to a power of two, for work).
     fn block(&self, t: &TensorType, whole: &BTreeSet<String>, clipped: bool) -> Term {
         let mut term = self.one();
         for b in blocks(t, whole) {
@@ -639,10 +645,12 @@ impl Cx<'_, '_> {
                 Block::One => {}
                 Block::Whole(d) => {
                     let n = self.size(&d);
+                    // The backend pads a whole dimension to a power of two (to 16 where a
+                    // `tl.dot` multiplies along it: not counted here).
                     term.coeff *= if clipped {
                         n
                     } else {
-                        (n.max(16.0) as u64).next_power_of_two() as f64
+                        (n.max(1.0) as u64).next_power_of_two() as f64
                     };
                 }
             }
@@ -675,6 +683,7 @@ impl Cx<'_, '_> {
         let mut smem = Vec::new();
         let mut state_words = Vec::new();
         let mut values = Vec::new();
+        let loaded: BTreeSet<NodeId> = pk.loads.iter().map(|l| l.node).collect();
         let mut open: Vec<(Term, Option<usize>)> = Vec::new();
         let mut recent: Vec<NodeId> = Vec::new();
         let context = |open: &[(Term, Option<usize>)], node: Option<NodeId>| -> Term {
@@ -701,8 +710,27 @@ impl Cx<'_, '_> {
                     for (unit, w) in self.node_work(body, *node, whole) {
                         work[unit as usize].push(ctx.times(&w));
                     }
-                    for (t, _) in self.blocks_of(body.ty(*node), whole) {
-                        values.push(t);
+                    // A view in a chain is no value of its own: only the tile loaded
+                    // through it, and computed values, are held.
+                    let view = matches!(
+                        body.node(*node).kind,
+                        ExprKind::Input
+                            | ExprKind::Param
+                            | ExprKind::Partition(..)
+                            | ExprKind::Replicate(..)
+                            | ExprKind::Combination(..)
+                            | ExprKind::Collection(..)
+                            | ExprKind::Transpose(..)
+                            | ExprKind::Reshape(..)
+                            | ExprKind::Broadcast(..)
+                            | ExprKind::Slice(..)
+                            | ExprKind::Tuple(..)
+                            | ExprKind::Get(..)
+                    );
+                    if !view || loaded.contains(node) {
+                        for (t, _) in self.blocks_of(body.ty(*node), whole) {
+                            values.push(t);
+                        }
                     }
                     for b in self.dot_operands(body, *node, whole).into_iter().flatten() {
                         smem.push((b, within > 0));
