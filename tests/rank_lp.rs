@@ -51,7 +51,7 @@ fn the_lp_bounds_the_exhaustive_optimum_and_its_rounding_is_close() {
             let Ok(plan) = efopt::lower::plan(&info, f) else {
                 continue;
             };
-            let model = FunctionModel::new(&plan);
+            let model = FunctionModel::new(&plan, dev);
             if model.block_count() > MAX_POINTS {
                 skipped += 1;
                 continue;

@@ -34,7 +34,8 @@ fn with_model<T>(src: &str, f: impl FnOnce(&FunctionModel) -> T) -> T {
     let mut m = efopt::parse::parse_module(src, 0).expect("parses");
     let info = efopt::verify::verify_module(&mut m).expect("verifies");
     let plan = efopt::lower::plan(&info, &m.funcs[0]).expect("plans");
-    let model = FunctionModel::new(&plan);
+    let dev = device("h100").unwrap();
+    let model = FunctionModel::new(&plan, dev);
     f(&model)
 }
 
@@ -122,6 +123,9 @@ fn a_tiled_product_s_traffic_at_two_schedules() {
         let want = operand * waves + operand + store;
         close(kc.dram_bytes, want);
         assert!(kc.dram_bytes > 4.0 * 369_098_752.0);
+        // Hopper's tensor cores multiply 64 rows at a time: 16-row blocks cost four times
+        // the product's 2·M·N·K.
+        close(kc.flops[Unit::TensorBf16 as usize], 4.0 * flops);
     });
 }
 

@@ -463,6 +463,25 @@ fn gpu_bench_helpers() {
     );
 }
 
+/// The rank-vs-measured GPU script's CPU-side helpers (Spearman's rank correlation with
+/// ties, reading rank's `--stats=json`, the examples' inputs and sizes, the worker driver
+/// with a stand-in worker): `python/test_rank_gpu.py` under the venv's Python.
+#[test]
+fn rank_gpu_helpers() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(venv_python(root))
+        .arg(root.join("python/test_rank_gpu.py"))
+        .current_dir(root)
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Candidates ranked at the workloads' full sizes keep the schedules rank chose (blocks of
 /// one row where no product needs 16, blocks up to 1024, 1 to 5 stages), and run under those
 /// schedules (the host function's default) at small sizes, and compile for sm_90.

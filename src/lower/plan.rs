@@ -466,6 +466,25 @@ fn planned_kernel(
             recomputed.push(Recomputed { node: *n, along });
         }
     }
+    // Launch order: the flattened program id varies fastest along the axes whose programs
+    // share the most loaded tiles (tiles loaded in loops first), so that programs reading
+    // the same tiles run together and find them in L2 (a K/V tile every query block of a
+    // head reads). Ties keep the names' order.
+    let mut grid_axes = grid_axes;
+    {
+        let mut weight: BTreeMap<String, u64> = BTreeMap::new();
+        for l in &loads {
+            let w = if l.per_iteration_of.is_empty() {
+                1
+            } else {
+                1000
+            };
+            for a in &l.shared_along {
+                *weight.entry(a.clone()).or_default() += w;
+            }
+        }
+        grid_axes.sort_by_key(|a| std::cmp::Reverse(weight.get(a).copied().unwrap_or(0)));
+    }
     let skips = super::mask::plan_skips(&super::mask::KernelCx {
         f,
         info,

@@ -106,6 +106,9 @@ pub struct ExtractOptions {
     pub time_limit: Seconds,
     /// `check-candidates`: run every candidate output against its source (`super::net`).
     pub check_candidates: bool,
+    /// `stored-grids`: keep tiles stored along two grid axes (see
+    /// `ExtractGraph::with_stored_grids`).
+    pub stored_grids: bool,
 }
 
 impl Default for ExtractOptions {
@@ -121,6 +124,7 @@ impl Default for ExtractOptions {
             pointwise_kernels: PointwiseKernels::Keep,
             time_limit: Seconds(60.0),
             check_candidates: true,
+            stored_grids: false,
         }
     }
 }
@@ -146,6 +150,8 @@ pass_options!(ExtractOptions {
         "stop enumerating an e-graph after this many seconds";
     "check-candidates" => check_candidates: OptionKind::Bool,
         "run every candidate output against the function it was extracted from, in the reference interpreter at small sizes (unit and large inputs), and drop one that differs with a warning: a wrong candidate is a bug in efopt (`EFOPT_WRONG_CANDIDATES=error` makes it an error); `check{sample=0}` is the exhaustive check at the program's own sizes";
+    "stored-grids" => stored_grids: OptionKind::Bool,
+        "also candidates that store tiles along two grid axes (`combination[0,b](combination[1,nh](t))`: attention split by batch and head); more candidates, and early compaction is not known to be exact with them";
 });
 
 pub struct ExtractPass {
@@ -157,6 +163,7 @@ pub struct ExtractPass {
     max_memory: Option<usize>,
     max_kernels: Option<usize>,
     no_pointwise_kernels: bool,
+    stored_grids: bool,
     /// Whether the output's candidates are run against their source (`super::net`).
     check_candidates: bool,
     /// What the output's memory limit reads: the process's resident size. (A test gives it
@@ -197,6 +204,7 @@ impl NamedPass for ExtractPass {
             },
             max_kernels: Some(o.max_kernels).filter(|n| *n > 0),
             no_pointwise_kernels: o.pointwise_kernels == PointwiseKernels::Drop,
+            stored_grids: o.stored_grids,
             check_candidates: o.check_candidates,
             resident_mib: crate::egraph::extract::resident_mib,
         }
@@ -233,7 +241,12 @@ impl Pass for ExtractPass {
         let mut per_graph = Vec::new();
         let mut errors = Vec::new();
         for g in &graphs {
-            let x = match ExtractGraph::new(g) {
+            let built = if self.stored_grids {
+                ExtractGraph::with_stored_grids(g)
+            } else {
+                ExtractGraph::new(g)
+            };
+            let x = match built {
                 Ok(x) => x,
                 Err(e) => {
                     errors.push(

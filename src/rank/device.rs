@@ -23,6 +23,9 @@ pub struct Device {
     /// Dense tensor-core rates; a multiply-add counts 2.
     pub tensor_bf16_flops: f64,
     pub tensor_tf32_flops: f64,
+    /// Rows a tensor-core instruction multiplies at once: a product block with fewer rows
+    /// costs as many.
+    pub tensor_min_rows: u64,
     /// CUDA-core f32 operations (one per elementwise operation or reduction step).
     pub cuda_f32_ops: f64,
     /// Special-function results (exp, log, rsqrt, …).
@@ -82,6 +85,7 @@ mod tests {
                 "regs_per_sm",
                 "launch_s",
                 "dram_latency_s",
+                "tensor_min_rows",
             ] {
                 assert!(
                     d.sources.contains_key(key),

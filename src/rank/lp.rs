@@ -4,7 +4,8 @@
 //! Every [`Term`] is bounded below by a monomial `2^(c + e·x)` on the domain's box:
 //! `b·⌈n/b⌉ ≥ n`, `min(b, n)·⌈n/b⌉ ≥ n`, `⌈n/b⌉ ≥ n/b`, `min(b, n) ≥ b·min(1, n/max)`,
 //! `1/⌈n/b⌉ ≥ b/(2·max(n, max))`; a term that counts visited tiles of a skipping loop is
-//! bounded by 0. A monomial is convex in x, so its tangents lie below it: the LP keeps, per
+//! bounded by 0, and padding to a tensor-core instruction's rows (a factor of at least 1)
+//! is left out. A monomial is convex in x, so its tangents lie below it: the LP keeps, per
 //! monomial, a variable above a growing set of tangents (cuts added where the LP's solution
 //! is furthest below the monomial). Then, per kernel, `t_k ≥` each resource's demand over its
 //! rate, and `t_k ≥` the same times SMs/P (the utilisation u ≤ P/SMs); the objective is

@@ -44,7 +44,7 @@ const FALLBACK_POINTS: u64 = 4096;
 
 /// T̂ of a plan on `dev`, or `None` when no schedule is legal.
 pub fn estimate(plan: &KernelPlan, dev: &Device, solver: Solver) -> Option<Estimate> {
-    let m = FunctionModel::new(plan);
+    let m = FunctionModel::new(plan, dev);
     estimate_model(&m, dev, solver)
 }
 

@@ -18,7 +18,8 @@
 //! - **work by unit**, at the blocks (padding included, as the hardware does it), times the
 //!   iterations of the loops around it and P, so a value every program recomputes costs its
 //!   work times the programs that recompute it: `tl.dot` products on tensor cores (bf16/f16
-//!   operands at the bf16 rate, others at the tf32 rate), products with a block of one row or
+//!   operands at the bf16 rate, others at the tf32 rate; a block with fewer rows than the
+//!   device's instruction multiplies costs as many), products with a block of one row or
 //!   column, elementwise operators and reductions on CUDA cores, exp/log/sqrt/rsqrt/tanh/
 //!   sigmoid/silu/gelu/reciprocal/pow on the special-function units;
 //! - **parallelism**: blocks per SM (occupancy, from warps, shared memory and registers),
@@ -107,6 +108,9 @@ pub struct Term {
     /// Iterations of a skipping loop: its index in the kernel's skips, and whether only its
     /// partly masked tiles count.
     pub skips: Vec<(usize, bool)>,
+    /// Blocks the hardware pads: `max(b, floor) / b` for (axis, floor) — rows of a tensor-
+    /// core product below the instruction's height. At least 1, so a lower bound may omit it.
+    pub pads: Vec<(usize, f64)>,
 }
 
 impl Term {
@@ -115,6 +119,7 @@ impl Term {
             coeff,
             pows: vec![Pow::default(); axes],
             skips: Vec::new(),
+            pads: Vec::new(),
         }
     }
 
@@ -127,6 +132,7 @@ impl Term {
             p.tiles += q.tiles;
         }
         t.skips.extend(o.skips.iter().copied());
+        t.pads.extend(o.pads.iter().copied());
         t
     }
 
@@ -140,6 +146,9 @@ impl Term {
             }
             let (b, n) = (b[i], n[i]);
             v *= b.min(n).powi(p.clipped) * b.powi(p.block) * (n / b).ceil().max(1.0).powi(p.tiles);
+        }
+        for (i, floor) in &self.pads {
+            v *= b[*i].max(*floor) / b[*i];
         }
         for (k, masked) in &self.skips {
             let (all, part) = skips.get(*k).copied().unwrap_or((0.0, 0.0));
@@ -260,7 +269,8 @@ pub struct Point {
 }
 
 impl<'p> FunctionModel<'p> {
-    pub fn new(plan: &'p KernelPlan<'p>) -> FunctionModel<'p> {
+    /// The terms of `plan` on `dev` (whose tensor cores decide how rows of a product pad).
+    pub fn new(plan: &'p KernelPlan<'p>, dev: &Device) -> FunctionModel<'p> {
         let bindings: BTreeMap<&str, u64> = plan
             .function
             .bindings
@@ -287,6 +297,7 @@ impl<'p> FunctionModel<'p> {
             plan,
             axes: &axes,
             bindings: &bindings,
+            min_rows: dev.tensor_min_rows,
         };
         let kernels = plan.kernels.iter().map(|pk| cx.kernel(pk)).collect();
         FunctionModel {
@@ -603,6 +614,7 @@ struct Cx<'a, 'p> {
     plan: &'a KernelPlan<'p>,
     axes: &'a [String],
     bindings: &'a BTreeMap<&'a str, u64>,
+    min_rows: u64,
 }
 
 impl Cx<'_, '_> {
@@ -930,11 +942,21 @@ impl Cx<'_, '_> {
                     ),
                     _ => self.one(),
                 };
+                // Tensor cores multiply at least `tensor_min_rows` rows at a time (Hopper's
+                // wgmma: 64): fewer rows cost as many.
+                let rows = blocks(ta, whole);
+                let pad = match rows.get(rows.len().wrapping_sub(2)) {
+                    Some(Block::Split(x)) if unit != Unit::Cuda => {
+                        self.axis(x).map(|i| (i, self.min_rows as f64))
+                    }
+                    _ => None,
+                };
                 out()
                     .into_iter()
                     .map(|t| {
                         let mut w = t.times(&depth);
                         w.coeff *= 2.0;
+                        w.pads.extend(pad);
                         (unit, w)
                     })
                     .collect()

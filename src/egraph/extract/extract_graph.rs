@@ -77,17 +77,29 @@ impl<'a> ExtractGraph<'a> {
     /// refuses whatever program holds it (`lower::lowerable`), and only e-nodes all of whose
     /// children have some finite acyclic lowerable term. Fails when a result has none.
     pub fn new(g: &'a TypedEGraph) -> Result<ExtractGraph<'a>, String> {
-        Self::build(g, true)
+        Self::build(g, true, false)
+    }
+
+    /// [`ExtractGraph::new`] keeping the combinations of tiles that only other combinations
+    /// read: stores along two grid axes (`extract{stored-grids=true}`). Early compaction is
+    /// not known to be exact with them: on the saturated softmax–matmul core it finds a class
+    /// fewer than compaction after completion (tests/extract_compaction.rs).
+    pub fn with_stored_grids(g: &'a TypedEGraph) -> Result<ExtractGraph<'a>, String> {
+        Self::build(g, true, true)
     }
 
     /// [`ExtractGraph::new`] keeping the e-nodes `lower` refuses on their own: the search
     /// builds programs with them and the backend refuses them once complete (to measure what
     /// leaving them out saves).
     pub fn with_unlowerable_enodes(g: &'a TypedEGraph) -> Result<ExtractGraph<'a>, String> {
-        Self::build(g, false)
+        Self::build(g, false, false)
     }
 
-    fn build(g: &'a TypedEGraph, prune_unlowerable: bool) -> Result<ExtractGraph<'a>, String> {
+    fn build(
+        g: &'a TypedEGraph,
+        prune_unlowerable: bool,
+        stored_grids: bool,
+    ) -> Result<ExtractGraph<'a>, String> {
         let eg = &g.egraph;
         let mut ids: Vec<Id> = eg.classes().map(|c| c.id).collect();
         ids.sort();
@@ -133,14 +145,30 @@ impl<'a> ExtractGraph<'a> {
                 ns.retain(|(n, _)| !is_compute(&n.op));
             }
         }
-        // A combination whose result is still tiled is computed inside one kernel, which then
-        // spans the combined dimension in one block: the same kernel as the program that never
-        // split that dimension. Where the class has another implementation (after saturation,
-        // the unsplit one), such splits are no candidates of their own; a hand-tiled program
-        // whose only form combines inside a kernel keeps it.
+        // A combination whose result is still tiled and that another operator reads is
+        // computed inside one kernel, which then spans the combined dimension in one block:
+        // the same kernel as the program that never split that dimension. Where the class has
+        // another implementation (after saturation, the unsplit one), such splits are no
+        // candidates of their own; a hand-tiled program whose only form combines inside a
+        // kernel keeps it. With `stored_grids`, a class only combinations read is part of a
+        // store: combining it along one axis and then another stores each tile of a
+        // two-dimensional grid (`lower::plan`), a kernel of its own.
+        let mut read_by_other = vec![!stored_grids; nodes.len()];
+        for ns in &nodes {
+            for (n, kids) in ns {
+                if !matches!(n.op, Op::Combination(..)) {
+                    for k in kids {
+                        read_by_other[*k as usize] = true;
+                    }
+                }
+            }
+        }
         for (c, ns) in nodes.iter_mut().enumerate() {
             let in_kernel = |n: &ENode| matches!(n.op, Op::Combination(..));
-            if tiled(eg[ids[c]].data.as_ref()) && ns.iter().any(|(n, _)| !in_kernel(n)) {
+            if tiled(eg[ids[c]].data.as_ref())
+                && read_by_other[c]
+                && ns.iter().any(|(n, _)| !in_kernel(n))
+            {
                 ns.retain(|(n, _)| !in_kernel(n));
             }
         }
