@@ -7,7 +7,9 @@
 //!
 //! Run with `cargo bench --bench rank`. Each configuration runs
 //! `efopt --set B=… --passes='saturate,extract{time-limit=T},rank{top=1}' --stats=json`
-//! (T from EFOPT_RANK_EXTRACT_SECS, default 10; EFOPT_BENCH_FILTER=name runs one workload).
+//! (T from EFOPT_RANK_EXTRACT_SECS, default 10; EFOPT_BENCH_FILTER=name runs one workload);
+//! attention rows extract with `stored-grids=true` (batch and head split together), marked
+//! `sg`.
 
 use std::path::Path;
 use std::process::Command;
@@ -77,9 +79,10 @@ fn observation(name: &str, b: u64, kernels: u64, programs: u64) -> String {
             if kernels == 2 { "agrees" } else { "differs" }
         ),
         ("mha_decode", 1) => format!(
-            "paper: a head over several programs; model: {programs} programs for 32 heads ({})",
+            "paper: a head over several programs; model: {programs} programs for 32 heads, {kernels} kernel(s) ({})",
             if programs > 32 { "agrees" } else { "differs" }
         ),
+        ("mha_prefill", _) => format!("1 kernel (no score matrix stored): {}", kernels == 1),
         _ => String::new(),
     }
 }
@@ -92,7 +95,7 @@ fn main() {
         .unwrap_or(10.0);
     let filter = std::env::var("EFOPT_BENCH_FILTER").unwrap_or_default();
     println!(
-        "| workload | B | ranked | rank s | top-1 us | bound | kernels | DRAM / compulsory | DRAM / unfused | time / (compulsory/BW) | (time − launches) / (compulsory/BW) | FLOPs / source | observation |"
+        "| workload | B | legal of ranked | rank s | top-1 us | bound | kernels | DRAM / compulsory | DRAM / unfused | time / (compulsory/BW) | (time − launches) / (compulsory/BW) | FLOPs / source | observation |"
     );
     println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     for name in WORKLOADS {
@@ -102,11 +105,16 @@ fn main() {
         let path = root.join("examples").join(format!("{name}.ef"));
         for b in [1u64, 8, 16] {
             let (compulsory, unfused, source_flops, _) = source_figures(&path, b);
+            let grids = if name.starts_with("mha") {
+                " stored-grids=true"
+            } else {
+                ""
+            };
             let out = Command::new(env!("CARGO_BIN_EXE_efopt"))
                 .arg("--set")
                 .arg(format!("B={b}"))
                 .arg(format!(
-                    "--passes=saturate,extract{{time-limit={secs} max-candidates=50000 check-candidates=false}},rank{{top=1}}"
+                    "--passes=saturate,extract{{time-limit={secs} max-candidates=50000 check-candidates=false{grids}}},rank{{top=1}}"
                 ))
                 .arg("--stats=json")
                 .arg(&path)
@@ -140,13 +148,24 @@ fn main() {
             };
             let top = &rank["counters"]["candidates"][0];
             let all = format!("{}{err}", String::from_utf8_lossy(&out.stdout));
-            let ranked = all
+            // "N candidate(s) ranked …; M without a legal schedule dropped": N of N + M.
+            let line = all
                 .lines()
                 .find(|l| l.starts_with("// rank @") || l.starts_with("# rank @"))
-                .and_then(|l| l.split(": ").nth(1))
+                .unwrap_or("");
+            let legal: u64 = line
+                .split(": ")
+                .nth(1)
                 .and_then(|l| l.split(' ').next())
-                .unwrap_or("?")
-                .to_string();
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            let illegal: u64 = line
+                .split("; ")
+                .find(|p| p.contains("without a legal schedule"))
+                .and_then(|p| p.split(' ').next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            let ranked = format!("{legal} of {}", legal + illegal);
             let us = top["predicted_us"].as_f64().unwrap_or(f64::NAN);
             let dram = top["dram_bytes"].as_f64().unwrap_or(f64::NAN);
             let flops = top["flops"]["total"].as_f64().unwrap_or(f64::NAN);
@@ -159,7 +178,8 @@ fn main() {
             let ideal_us = compulsory / 3.0e12 * 1e6;
             let launches = 2.0 * kernels as f64;
             println!(
-                "| {name} | {b} | {ranked} | {:.2} | {us:.2} | {} | {kernels} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {} |",
+                "| {name}{} | {b} | {ranked} | {:.2} | {us:.2} | {} | {kernels} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {} |",
+                if grids.is_empty() { "" } else { " (sg)" },
                 rank["counters"]["rank_seconds"].as_f64().unwrap_or(f64::NAN),
                 top["bottleneck"].as_str().unwrap_or("?"),
                 dram / compulsory,
