@@ -9,7 +9,8 @@
 # Environment:
 #   RANK_GPU_BATCHES  batch sizes (default "1 16")
 #   RANK_GPU_ONLY     workloads to generate (space- or comma-separated; default: all nine)
-#   RANK_GPU_EXTRACT  extract options (default "time-limit=20 max-candidates=2000")
+#   RANK_GPU_EXTRACT  extract options (default "time-limit=20 max-candidates=50000"; attention
+#                     workloads add stored-grids=true, as the rank bench does)
 #   RANK_GPU_RANK     rank options (default "device=h100 top=10")
 #   EFOPT             an efopt binary to use instead of building target/release/efopt
 # A failing workload is logged (<workload>.B<b>.log, .stats.json) and the loop goes on; the
@@ -19,7 +20,7 @@ cd "$(dirname "$0")/.."
 OUT=target/rank-gpu
 BATCHES="${RANK_GPU_BATCHES:-1 16}"
 ONLY="${RANK_GPU_ONLY:-ngpt rmsnorm_mlp rmsnorm_swiglu gated_mlp rmsnorm_gemm lora layernorm_gemm mha_decode mha_prefill}"
-EXTRACT="${RANK_GPU_EXTRACT:-time-limit=20 max-candidates=2000}"
+EXTRACT="${RANK_GPU_EXTRACT:-time-limit=20 max-candidates=50000}"
 RANK="${RANK_GPU_RANK:-device=h100 top=10}"
 if [[ -n "${EFOPT:-}" ]]; then
   efopt="$EFOPT"
@@ -40,7 +41,11 @@ for name in ${ONLY//,/ }; do
     rm -f "$base.py" "$base.stats.json" "$base.log"
     start=$SECONDS
     # stdout (the pass summaries) goes to the log, stderr (remarks, then the JSON) to stats
-    if "$efopt" --set "B=$b" --passes="saturate,extract{$EXTRACT},rank{$RANK},lower" \
+    extract="$EXTRACT"
+    if [[ "$name" == mha_* ]]; then
+      extract="$extract stored-grids=true"
+    fi
+    if "$efopt" --set "B=$b" --passes="saturate,extract{$extract},rank{$RANK},lower" \
       "examples/$name.ef" -o "$base.py" --stats=json >"$base.log" 2>"$base.stats.json"; then
       n=$(grep -c '^def [A-Za-z0-9_]*_c[0-9]*(' "$base.py" || true)
       echo "$base.py: $n candidates in $((SECONDS - start)) s"
