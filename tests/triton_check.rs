@@ -450,14 +450,20 @@ fn a_mismatch_fails_the_pipeline() {
 /// space): `python/test_gpu_bench.py` under the venv's Python, which has no torch.
 #[test]
 fn gpu_bench_helpers() {
+    python_test("python/test_gpu_bench.py");
+}
+
+/// Runs a Python test script of the checkout under the venv's Python, from the checkout.
+fn python_test(script: &str) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let out = Command::new(venv_python(root))
-        .arg(root.join("python/test_gpu_bench.py"))
+        .arg(root.join(script))
+        .current_dir(root)
         .output()
         .expect("python runs");
     assert!(
         out.status.success(),
-        "{}\n{}",
+        "{script}:\n{}\n{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
@@ -468,18 +474,7 @@ fn gpu_bench_helpers() {
 /// with a stand-in worker): `python/test_rank_gpu.py` under the venv's Python.
 #[test]
 fn rank_gpu_helpers() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = Command::new(venv_python(root))
-        .arg(root.join("python/test_rank_gpu.py"))
-        .current_dir(root)
-        .output()
-        .expect("python runs");
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    python_test("python/test_rank_gpu.py");
 }
 
 /// Candidates ranked at the workloads' full sizes keep the schedules rank chose (blocks of

@@ -34,11 +34,9 @@
 
 use super::device::Device;
 use crate::ir::*;
-use crate::lower::mask::cost::skip_visits;
+use crate::lower::mask::cost::{fold_update, skip_visits, Update};
 use crate::lower::plan::{KernelPlan, PlannedKernel, Range, Schedule};
-use crate::lower::stack_of;
 use crate::lower::walk::{blocks, field_types, Block, Step};
-use crate::verify::typing::{reducer_body_types, TypeEnv};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 
@@ -977,46 +975,18 @@ impl Cx<'_, '_> {
     /// One update of a fold's state: its reducer's body on the blocks (one CUDA-core
     /// operation per element of the item for a built-in).
     fn update_work(&self, pk: &PlannedKernel, fold: NodeId) -> Vec<(Unit, Term)> {
-        let p = self.plan;
-        let body = &p.function.body;
-        let ExprKind::Reduce {
-            input,
-            over,
-            reducer,
-            ..
-        } = &body.node(fold).kind
-        else {
-            return Vec::new();
-        };
         let whole = &pk.whole_axes;
-        match reducer {
-            ReducerRef::Builtin(_) => {
-                let item = match &body.node(stack_of(body, *input)).kind {
-                    ExprKind::Collection(_, x) => *x,
-                    _ => *input,
-                };
-                self.blocks_of(body.ty(item), whole)
-                    .into_iter()
-                    .map(|(t, _)| (Unit::Cuda, t))
-                    .collect()
-            }
-            ReducerRef::User(r) => {
-                let (Some(def), Some(t)) = (p.info.reducer(r), body.ty(*input)) else {
-                    return Vec::new();
-                };
-                let tenv = TypeEnv::new(p.info.reducers());
-                let Ok(types) = reducer_body_types(def, t, over, &tenv) else {
-                    return Vec::new();
-                };
-                let mut typed = def.body.clone();
-                for (n, t) in typed.nodes.iter_mut().zip(types) {
-                    n.ty = Some(t);
-                }
-                typed
-                    .ids()
-                    .flat_map(|n| self.node_work(&typed, n, whole))
-                    .collect()
-            }
+        match fold_update(self.plan, fold) {
+            Some(Update::Item(x)) => self
+                .blocks_of(self.plan.function.body.ty(x), whole)
+                .into_iter()
+                .map(|(t, _)| (Unit::Cuda, t))
+                .collect(),
+            Some(Update::Body(typed)) => typed
+                .ids()
+                .flat_map(|n| self.node_work(&typed, n, whole))
+                .collect(),
+            None => Vec::new(),
         }
     }
 }

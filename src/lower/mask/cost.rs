@@ -325,9 +325,17 @@ fn node_work(body: &Body, n: NodeId, whole: &BTreeSet<String>, env: &PlanEnv) ->
     }
 }
 
-/// One update of a fold's state: its reducer's body on the blocks (one per element of the
-/// item for a built-in).
-fn update_work(p: &KernelPlan, pk: &PlannedKernel, fold: NodeId, env: &PlanEnv) -> f64 {
+/// What one update of a fold's state computes.
+pub enum Update {
+    /// A built-in reducer takes this item: one operation per element.
+    Item(NodeId),
+    /// A user reducer's body, typed at the fold's items.
+    Body(Body),
+}
+
+/// What one update of fold `fold` computes, or `None` where it is no fold or its reducer's
+/// body does not type at the fold's items.
+pub fn fold_update(p: &KernelPlan, fold: NodeId) -> Option<Update> {
     let body = &p.function.body;
     let ExprKind::Reduce {
         input,
@@ -336,31 +344,36 @@ fn update_work(p: &KernelPlan, pk: &PlannedKernel, fold: NodeId, env: &PlanEnv) 
         ..
     } = &body.node(fold).kind
     else {
-        return 0.0;
+        return None;
     };
-    let whole = &pk.whole_axes;
     match reducer {
-        ReducerRef::Builtin(_) => {
-            let item = match &body.node(stack_of(body, *input)).kind {
+        ReducerRef::Builtin(_) => Some(Update::Item(
+            match &body.node(stack_of(body, *input)).kind {
                 ExprKind::Collection(_, x) => *x,
                 _ => *input,
-            };
-            type_elements(body.ty(item), whole, env)
-        }
+            },
+        )),
         ReducerRef::User(r) => {
-            let (Some(def), Some(t)) = (p.info.reducer(r), body.ty(*input)) else {
-                return 0.0;
-            };
+            let (def, t) = (p.info.reducer(r)?, body.ty(*input)?);
             let tenv = TypeEnv::new(p.info.reducers());
-            let Ok(types) = reducer_body_types(def, t, over, &tenv) else {
-                return 0.0;
-            };
+            let types = reducer_body_types(def, t, over, &tenv).ok()?;
             let mut typed = def.body.clone();
             for (n, t) in typed.nodes.iter_mut().zip(types) {
                 n.ty = Some(t);
             }
-            typed.ids().map(|n| node_work(&typed, n, whole, env)).sum()
+            Some(Update::Body(typed))
         }
+    }
+}
+
+/// One update of a fold's state: its reducer's body on the blocks (one per element of the
+/// item for a built-in).
+fn update_work(p: &KernelPlan, pk: &PlannedKernel, fold: NodeId, env: &PlanEnv) -> f64 {
+    let whole = &pk.whole_axes;
+    match fold_update(p, fold) {
+        Some(Update::Item(x)) => type_elements(p.function.body.ty(x), whole, env),
+        Some(Update::Body(typed)) => typed.ids().map(|n| node_work(&typed, n, whole, env)).sum(),
+        None => 0.0,
     }
 }
 
