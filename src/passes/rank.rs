@@ -220,6 +220,17 @@ impl Pass for RankPass {
             .par_iter()
             .map(|p| (p.function.name.clone(), estimate(p, dev, solver)))
             .collect();
+        // For a source none of whose candidates has a legal schedule: why its first does not.
+        let mut reasons: BTreeMap<String, String> = BTreeMap::new();
+        for (p, (name, e)) in plans.iter().zip(&estimates) {
+            let src = source_of(name).to_string();
+            if e.is_none() && !reasons.contains_key(&src) {
+                let m = crate::rank::model::FunctionModel::new(p, dev);
+                if let Some(r) = m.illegal_reason(dev) {
+                    reasons.insert(src, format!("`{name}`: {r}"));
+                }
+            }
+        }
         drop(plans);
         let elapsed = start.elapsed().as_secs_f64();
         // Per source function, best first (ties by name).
@@ -271,10 +282,14 @@ impl Pass for RankPass {
             }
         }
         for (src, n) in illegal {
-            cx.diagnostics.push(Diagnostic::global(
+            let mut d = Diagnostic::global(
                 Severity::Warning,
                 format!("rank @{src}: none of its {n} lowerable candidate(s) has a legal schedule on {}", dev.name),
-            ));
+            );
+            if let Some(r) = reasons.get(&src) {
+                d = d.with_note(None, r.clone());
+            }
+            cx.diagnostics.push(d);
         }
         if unlowerable > 0 {
             cx.report.push(format!(

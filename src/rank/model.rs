@@ -527,6 +527,40 @@ impl<'p> FunctionModel<'p> {
         Some(Cost { us: total, kernels })
     }
 
+    /// Why no schedule is legal, read at the smallest blocks with the most lenient warps and
+    /// stages: the first kernel and limit that fail there (every demand grows with the
+    /// blocks). `None` where a schedule is legal.
+    pub fn illegal_reason(&self, dev: &Device) -> Option<String> {
+        if self.best_at(dev, &self.lo).is_some() {
+            return None;
+        }
+        let at = self.at_blocks(&self.lo);
+        for (i, k) in at.kernels.iter().enumerate() {
+            let largest = k.largest_value.max(k.state_words);
+            if largest > MAX_NUMEL {
+                return Some(format!(
+                    "kernel {i} holds a block of {largest} elements at the smallest block sizes (Triton's limit is 2^20): an operator over a whole large tensor that no rule tiles"
+                ));
+            }
+            if k.smem_fixed + k.smem_staged > dev.smem_per_block as f64 {
+                return Some(format!(
+                    "kernel {i}'s matrix-product tiles take {} bytes of shared memory at the smallest block sizes (a block has {}): a product over a whole large dimension",
+                    k.smem_fixed + k.smem_staged,
+                    dev.smem_per_block
+                ));
+            }
+            let words = k.state_words + k.largest_value;
+            let regs = (words / (32.0 * 16.0)).ceil() as u64 + RESERVED_REGS;
+            if regs > dev.max_regs_per_thread || regs.div_ceil(8) * 8 * 32 * 16 > dev.regs_per_sm {
+                return Some(format!(
+                    "kernel {i} keeps {words} 32-bit values live at the smallest block sizes: {regs} registers a thread even with 16 warps (an SM has {} for 512 threads, at most {} a thread)",
+                    dev.regs_per_sm, dev.max_regs_per_thread
+                ));
+            }
+        }
+        Some("no warps and stages fit at the smallest block sizes".into())
+    }
+
     /// The best warps and stages at some blocks (the first best in [`NUM_WARPS`] ×
     /// [`NUM_STAGES`] order: ties keep 4 warps and 3 stages).
     pub fn best_at(&self, dev: &Device, log_blocks: &[u32]) -> Option<(Point, Cost)> {
