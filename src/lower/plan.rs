@@ -466,25 +466,7 @@ fn planned_kernel(
             recomputed.push(Recomputed { node: *n, along });
         }
     }
-    // Launch order: the flattened program id varies fastest along the axes whose programs
-    // share the most loaded tiles (tiles loaded in loops first), so that programs reading
-    // the same tiles run together and find them in L2 (a K/V tile every query block of a
-    // head reads). Ties keep the names' order.
-    let mut grid_axes = grid_axes;
-    {
-        let mut weight: BTreeMap<String, u64> = BTreeMap::new();
-        for l in &loads {
-            let w = if l.per_iteration_of.is_empty() {
-                1
-            } else {
-                1000
-            };
-            for a in &l.shared_along {
-                *weight.entry(a.clone()).or_default() += w;
-            }
-        }
-        grid_axes.sort_by_key(|a| std::cmp::Reverse(weight.get(a).copied().unwrap_or(0)));
-    }
+    let grid_axes = launch_order(grid_axes, &loads);
     let skips = super::mask::plan_skips(&super::mask::KernelCx {
         f,
         info,
@@ -508,6 +490,27 @@ fn planned_kernel(
         steps: walked.steps,
         skips,
     }
+}
+
+/// The grid axes in launch order: the flattened program id varies fastest along the axes
+/// whose programs share the most loaded tiles (a tile loaded in a loop counts a thousand
+/// times one loaded once), so that programs reading the same tiles run together and find
+/// them in L2 (a K/V tile every query block of a head reads). Ties keep the given order.
+fn launch_order(mut grid: Vec<String>, loads: &[Load]) -> Vec<String> {
+    let mut weight: BTreeMap<&str, u64> = BTreeMap::new();
+    for l in loads {
+        let w = if l.per_iteration_of.is_empty() {
+            1
+        } else {
+            1000
+        };
+        for a in &l.shared_along {
+            *weight.entry(a.as_str()).or_default() += w;
+        }
+    }
+    let key = |a: &String| std::cmp::Reverse(weight.get(a.as_str()).copied().unwrap_or(0));
+    grid.sort_by_key(key);
+    grid
 }
 
 /// Every parallel axis the function names (views, stores, folds, collection extents), with
@@ -621,5 +624,41 @@ fn has_axis(t: Option<&Type>, a: &str) -> bool {
         Some(Type::Tensor(t)) => t.par.0.contains_key(a),
         Some(Type::Tuple(ts)) => ts.iter().any(|t| has_axis(Some(t), a)),
         None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(in_loop: bool, shared: &[&str]) -> Load {
+        Load {
+            node: NodeId(0),
+            buffer: (NodeId(0), 0),
+            blocks: Vec::new(),
+            per_iteration_of: if in_loop {
+                vec!["k".into()]
+            } else {
+                Vec::new()
+            },
+            shared_along: shared.iter().map(|a| a.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn programs_sharing_loop_tiles_are_adjacent_in_launch_order() {
+        let grid = |v: &[&str]| v.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+        // Attention: K and V tiles (in the loop over keys) are shared by the query blocks of
+        // a head; the query tile (once) by nothing. q varies fastest.
+        let loads = [load(true, &["q"]), load(true, &["q"]), load(false, &[])];
+        assert_eq!(
+            launch_order(grid(&["b", "nh", "q"]), &loads),
+            grid(&["q", "b", "nh"])
+        );
+        // A loop tile outweighs any number of tiles loaded once.
+        let loads = [load(false, &["b"]), load(false, &["b"]), load(true, &["n"])];
+        assert_eq!(launch_order(grid(&["b", "n"]), &loads), grid(&["n", "b"]));
+        // Nothing shared: the names' order.
+        assert_eq!(launch_order(grid(&["b", "n"]), &[]), grid(&["b", "n"]));
     }
 }

@@ -94,6 +94,13 @@ struct Sum {
     constant: f64,
 }
 
+impl Sum {
+    fn add(&mut self, other: Sum) {
+        self.groups.extend(other.groups);
+        self.constant += other.constant;
+    }
+}
+
 #[derive(Default)]
 struct Builder {
     groups: Vec<Group>,
@@ -199,8 +206,7 @@ pub fn relax(m: &FunctionModel, dev: &Device) -> Option<(f64, Vec<f64>)> {
                 &lo,
                 &hi,
             );
-            dram.groups.extend(s.groups);
-            dram.constant += s.constant;
+            dram.add(s);
             sums.push(dram);
             let adj = |ts: &[Term]| ts.iter().map(adjust).collect::<Vec<_>>();
             let mut tensor = b.sum(
@@ -217,8 +223,7 @@ pub fn relax(m: &FunctionModel, dev: &Device) -> Option<(f64, Vec<f64>)> {
                 &lo,
                 &hi,
             );
-            tensor.groups.extend(tf32.groups);
-            tensor.constant += tf32.constant;
+            tensor.add(tf32);
             sums.push(tensor);
             sums.push(b.sum(
                 &adj(&k.work[Unit::Cuda as usize]),

@@ -34,8 +34,6 @@ pub struct Estimate {
     pub cost: Cost,
     /// The LP optimum (µs), a lower bound of `cost.us` (`Solver::Lp` only).
     pub lp_bound_us: Option<f64>,
-    /// Block points scored by the exact model.
-    pub scored: u64,
 }
 
 /// Past this many block points, an LP whose rounding finds no legal point does not fall
@@ -78,9 +76,7 @@ pub fn estimate_model(m: &FunctionModel, dev: &Device, solver: Solver) -> Option
 fn exhaustive(m: &FunctionModel, dev: &Device) -> Option<Estimate> {
     m.best_at(dev, &m.lo)?;
     let mut best: Option<(Point, Cost)> = None;
-    let mut scored = 0;
     for blocks in m.block_points() {
-        scored += 1;
         if let Some((p, c)) = m.best_at(dev, &blocks) {
             if best.as_ref().is_none_or(|(_, b)| c.us < b.us) {
                 best = Some((p, c));
@@ -92,17 +88,14 @@ fn exhaustive(m: &FunctionModel, dev: &Device) -> Option<Estimate> {
         point,
         cost,
         lp_bound_us: None,
-        scored,
     })
 }
 
 /// From `start` (made legal by halving its largest blocks if needed), move to the best
 /// neighbour (one block size doubled or halved) while it improves.
 fn local_search(m: &FunctionModel, dev: &Device, start: Vec<u32>) -> Option<Estimate> {
-    let mut scored = 0u64;
     let mut at = start;
     let mut current = loop {
-        scored += 1;
         if let Some(found) = m.best_at(dev, &at) {
             break found;
         }
@@ -124,7 +117,6 @@ fn local_search(m: &FunctionModel, dev: &Device, start: Vec<u32>) -> Option<Esti
                 } else {
                     continue;
                 }
-                scored += 1;
                 if let Some((p, c)) = m.best_at(dev, &next) {
                     let threshold = best.as_ref().map_or(current.1.us, |(_, b)| b.us);
                     if c.us < threshold * (1.0 - 1e-9) {
@@ -147,6 +139,5 @@ fn local_search(m: &FunctionModel, dev: &Device, start: Vec<u32>) -> Option<Esti
         point,
         cost,
         lp_bound_us: None,
-        scored,
     })
 }

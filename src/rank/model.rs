@@ -831,7 +831,7 @@ impl Cx<'_, '_> {
             // A stack entry's tile, or a view's.
             let mut tile = match t {
                 Some(t) if t.rank() == l.blocks.len() => self.block(&t, whole, true),
-                _ => self.blocks_bytes(&l.blocks, &buf.shape),
+                _ => self.blocks_bytes(&l.blocks),
             };
             tile.coeff *= buf.dtype.size_bytes() as f64;
             let mut iters = self.one();
@@ -888,9 +888,9 @@ impl Cx<'_, '_> {
     }
 
     /// A tile described by its blocks alone (a load whose value's type has another rank).
-    fn blocks_bytes(&self, bs: &[Block], shape: &[DimBase]) -> Term {
+    fn blocks_bytes(&self, bs: &[Block]) -> Term {
         let mut term = self.one();
-        for (i, b) in bs.iter().enumerate() {
+        for b in bs {
             match b {
                 Block::Split(a) => {
                     if let Some(i) = self.axis(a) {
@@ -900,7 +900,6 @@ impl Cx<'_, '_> {
                 Block::One => {}
                 Block::Whole(d) => term.coeff *= self.size(d),
             }
-            let _ = shape.get(i);
         }
         term
     }
