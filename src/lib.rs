@@ -20,6 +20,8 @@
 //! - [`lower`]: the kernel plan of a verified candidate: kernels, buffers, folds, the order of
 //!   its steps, the schedule space; what cannot be lowered is refused there;
 //! - [`parse`]: text to IR: lexer, grammar and the builder;
+//! - [`partition`]: convex subgraphs of a large function, and the composition of their
+//!   candidates (k-best merge, inlining);
 //! - [`passes`]: the named passes with typed options (`saturate`, `extract`, `lower`, …) and
 //!   [`passes::PassManager`], which runs a pipeline of them on a module;
 //! - [`verify`]: the type rules and the verifier.
@@ -35,6 +37,7 @@ pub mod interp;
 pub mod ir;
 pub mod lower;
 pub mod parse;
+pub mod partition;
 pub mod passes;
 pub mod rank;
 pub mod verify;

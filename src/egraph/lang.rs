@@ -230,6 +230,11 @@ impl ENode {
             ExprKind::Broadcast(s, _) => Op::Broadcast(s.clone()),
             ExprKind::Slice(d, a, b, _) => Op::Slice(dim(d, 0)?, a.clone(), b.clone()),
             ExprKind::Concat(d, _) => Op::Concat(dim(d, 0)?),
+            ExprKind::Call(f, _) => {
+                return Err(format!(
+                    "`call @{f}` does not enter an e-graph: the callee is saturated on its own and its candidates composed"
+                ))
+            }
         };
         Ok(ENode::new(op, children))
     }

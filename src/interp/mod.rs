@@ -456,6 +456,21 @@ impl<'m> Interpreter<'m> {
         let tt = |t: TiledTensor| Ok(Value::Tensor(t));
         match &n.kind {
             Input | Param => Err("parameters are bound by the caller".into()),
+            Call(f, _) => {
+                let callee = self
+                    .module
+                    .funcs
+                    .iter()
+                    .find(|g| g.name == *f)
+                    .ok_or_else(|| format!("no function `{f}` to call"))?;
+                let args: Vec<Value> = ops.iter().map(|v| (*v).clone()).collect();
+                let mut results = self.run(callee, &args).map_err(|e| e.message)?;
+                Ok(if results.len() == 1 {
+                    results.remove(0)
+                } else {
+                    Value::Tuple(results)
+                })
+            }
             Constant(v) | Fill(v) => {
                 let (dt, shape) = self.leaf_tensor(n)?;
                 let mut t = Tensor::filled(shape, *v as f32)?;

@@ -296,6 +296,9 @@ pub enum ExprKind {
     Slice(DimRef, Dim, Dim, NodeId),
     /// `concat[D](a, b, …)`: the operands one after another along dimension `D`.
     Concat(DimRef, Vec<NodeId>),
+    /// `call @f(a, b, …)`: the results of function `f` (defined earlier in the module) on the
+    /// operands; one result is that value, several are a tuple (`get[i]`).
+    Call(String, Vec<NodeId>),
 }
 
 impl ExprKind {
@@ -304,7 +307,7 @@ impl ExprKind {
         use ExprKind::*;
         match self {
             Input | Param | Constant(_) | Fill(_) | Iota(_) => vec![],
-            Tuple(xs) | Concat(_, xs) => xs.clone(),
+            Tuple(xs) | Concat(_, xs) | Call(_, xs) => xs.clone(),
             Get(_, x)
             | Slice(_, _, _, x)
             | Partition(_, _, x)
@@ -349,6 +352,7 @@ impl ExprKind {
             Broadcast(..) => "broadcast",
             Slice(..) => "slice",
             Concat(..) => "concat",
+            Call(..) => "call",
         }
     }
 
@@ -371,6 +375,7 @@ impl ExprKind {
             Broadcast(s, _) => Broadcast(s.clone(), o(0)),
             Slice(d, a, b, _) => Slice(d.clone(), a.clone(), b.clone(), o(0)),
             Concat(d, _) => Concat(d.clone(), ops.to_vec()),
+            Call(f, _) => Call(f.clone(), ops.to_vec()),
             Reduce {
                 over,
                 reducer,

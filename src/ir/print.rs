@@ -193,6 +193,10 @@ impl<'a> BodyPrinter<'a> {
                 out.push_str("tuple");
                 self.args(xs, out);
             }
+            ExprKind::Call(f, xs) => {
+                write!(out, "call @{f}").ok();
+                self.args(xs, out);
+            }
             ExprKind::Get(f, x) => {
                 match f {
                     FieldRef::Index(i) => write!(out, "get[{i}]").ok(),

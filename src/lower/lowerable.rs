@@ -77,6 +77,9 @@ pub fn node_refusal(
                 kind.op_name()
             )),
         },
+        Call(f, _) => Some(format!(
+            "a call of `{f}`: extraction composes calls into one program (run `saturate,extract` first)"
+        )),
     }
 }
 
@@ -162,6 +165,7 @@ fn reducer_body_refusal(info: &ModuleInfo, def: &ReducerDef) -> Option<String> {
             Get(FieldRef::Name(_), _) => Some("reads a fold's field by name"),
             Reshape(..) => Some("reshapes a block (its shape is known only per use)"),
             Slice(..) | Concat(..) => Some("slices or joins a block"),
+            Call(..) => Some("calls a function"),
             Input | Partition(..) | Replicate(..) | Combination(..) | Collection(..) => {
                 Some("has a parallel view or store")
             }

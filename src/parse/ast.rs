@@ -80,6 +80,13 @@ pub enum ExprAst {
     ClassRef(u32),
     /// `input 0` — the argument at a position (e-graph dumps only).
     InputAt(u64),
+    /// `call @f(a, b)` — the results of function `f` on `a, b` (`keyword` must be `call`).
+    FuncCall {
+        keyword: String,
+        name: String,
+        name_loc: Loc,
+        args: Vec<Expr>,
+    },
 }
 
 /// An expression with its source range and nesting depth (bounded by the grammar).

@@ -148,10 +148,20 @@ impl Pass for CheckPass {
         let seed = self.options.sizes.seed.unwrap_or(cx.seed);
         let scales = self.scales();
         let mut errors = Vec::new();
+        // Subgraph functions (`partition`) are checked within the compositions that call them.
+        let called: std::collections::BTreeSet<String> = module
+            .funcs
+            .iter()
+            .flat_map(crate::partition::compose::calls)
+            .collect();
         let chosen = sample_indices(module.funcs.len(), self.options.sample, seed);
         // Pair every function with its reference and the sizes both run at.
         let mut jobs = Vec::new();
-        for f in chosen.iter().map(|i| &module.funcs[*i]) {
+        for f in chosen
+            .iter()
+            .map(|i| &module.funcs[*i])
+            .filter(|f| !called.contains(&f.name))
+        {
             let Some(r) = find_reference(reference, f) else {
                 errors.push(
                     Diagnostic::error(

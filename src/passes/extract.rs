@@ -4,14 +4,17 @@
 //! from its unsaturated e-graphs.
 
 use super::options::{choice, pass_options, OptionKind, OptionSpans, OptionValue, Seconds};
+use super::rank::DeviceChoice;
 use super::{NamedPass, Pass, PassContext};
 use crate::diag::{Diagnostic, Severity};
 use crate::egraph::extract::{
     reconstruct, summarize, Candidate, Compaction, ExtractGraph, Extractor, HoleContext, HoleOrder,
-    LowerCheck,
+    LowerCheck, RankBound, Scorer,
 };
 use crate::ir::{Function, Module};
+use crate::rank::device::{device, Device};
 use rayon::prelude::*;
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
@@ -23,6 +26,19 @@ pub fn lower_check(env: &crate::verify::typing::TypeEnv) -> LowerCheck {
         crate::lower::plan(&info, f)
             .map(|_| ())
             .map_err(|r| r.reason)
+    })
+}
+
+/// Candidates per subgraph, and composed programs, when nothing sets `top`.
+pub const COMPOSE_TOP: usize = 10;
+
+/// The rank model's estimate of a complete candidate, as rank-bounded extraction takes it:
+/// the backend's plan (or its refusal), then T̂ on `dev` by the rank pass's default solver.
+pub fn rank_scorer(env: &crate::verify::typing::TypeEnv, dev: &'static Device) -> Scorer {
+    let info = crate::verify::ModuleInfo::of_typed_egraph(env);
+    std::sync::Arc::new(move |f: &Function| {
+        let plan = crate::lower::plan(&info, f).map_err(|r| r.reason)?;
+        Ok(crate::rank::estimate(&plan, dev, crate::rank::Solver::Lp).map(|e| e.cost.us))
     })
 }
 
@@ -109,6 +125,12 @@ pub struct ExtractOptions {
     /// `stored-grids`: keep tiles stored along two grid axes (see
     /// `ExtractGraph::with_stored_grids`).
     pub stored_grids: bool,
+    /// `top`: rank-bounded extraction of the best `top` by the rank model (0: every class).
+    pub top: usize,
+    /// `device`: the GPU model of the rank-bounded search.
+    pub device: DeviceChoice,
+    /// `part-time-limit`: the search of each subgraph of a composition.
+    pub part_time_limit: Seconds,
 }
 
 impl Default for ExtractOptions {
@@ -125,6 +147,9 @@ impl Default for ExtractOptions {
             time_limit: Seconds(60.0),
             check_candidates: true,
             stored_grids: false,
+            top: 0,
+            device: DeviceChoice::H100,
+            part_time_limit: Seconds(5.0),
         }
     }
 }
@@ -152,6 +177,12 @@ pass_options!(ExtractOptions {
         "run every candidate output against the function it was extracted from, in the reference interpreter at small sizes (unit and large inputs), and drop one that differs with a warning: a wrong candidate is a bug in efopt (`EFOPT_WRONG_CANDIDATES=error` makes it an error); `check{sample=0}` is the exhaustive check at the program's own sizes";
     "stored-grids" => stored_grids: OptionKind::Bool,
         "also candidates that store tiles along two grid axes (`combination[0,b](combination[1,nh](t))`: attention split by batch and head); more candidates, and early compaction is not known to be exact with them";
+    "top" => top: OptionKind::Int,
+        "rank-bounded extraction: take partial programs by a lower bound of the rank model's estimate and stop once the best `top` complete candidates are known (exactly the top by `rank`, without enumerating the rest); 0 enumerates every class. Unset, a following `rank` sets it to its own `top`";
+    "device" => device: OptionKind::Choice(DeviceChoice::WORDS),
+        "the GPU model rank-bounded extraction estimates on (data/devices.json); unset, a following `rank`'s";
+    "part-time-limit" => part_time_limit: OptionKind::Float,
+        "stop the search of each subgraph a composition calls (`partition`) after this many seconds, keeping the best found";
 });
 
 pub struct ExtractPass {
@@ -164,6 +195,9 @@ pub struct ExtractPass {
     max_kernels: Option<usize>,
     no_pointwise_kernels: bool,
     stored_grids: bool,
+    top: usize,
+    device: DeviceChoice,
+    part_time_limit: Seconds,
     /// Whether the output's candidates are run against their source (`super::net`).
     check_candidates: bool,
     /// What the output's memory limit reads: the process's resident size. (A test gives it
@@ -205,6 +239,9 @@ impl NamedPass for ExtractPass {
             max_kernels: Some(o.max_kernels).filter(|n| *n > 0),
             no_pointwise_kernels: o.pointwise_kernels == PointwiseKernels::Drop,
             stored_grids: o.stored_grids,
+            top: o.top,
+            device: o.device,
+            part_time_limit: o.part_time_limit,
             check_candidates: o.check_candidates,
             resident_mib: crate::egraph::extract::resident_mib,
         }
@@ -212,6 +249,135 @@ impl NamedPass for ExtractPass {
 }
 
 impl ExtractPass {
+    /// The best `top` programs of composition `comp` from its callees' ranked candidates
+    /// (`parts`): a k-best merge of estimate sums, each choice inlined, verified and checked
+    /// against the source function of that name.
+    fn compose(
+        &self,
+        comp: &Function,
+        parts: &BTreeMap<String, Vec<(f64, Function)>>,
+        top: usize,
+        reducers: &[crate::ir::ReducerDef],
+        cx: &mut PassContext,
+    ) -> Result<Vec<Function>, Diagnostic> {
+        let start = Instant::now();
+        let calls = crate::partition::compose::calls(comp);
+        let mut lists: Vec<&[(f64, Function)]> = Vec::new();
+        for c in &calls {
+            match parts.get(c).filter(|l| !l.is_empty()) {
+                Some(l) => lists.push(l),
+                None => {
+                    return Err(Diagnostic::error(
+                        comp.name_span,
+                        format!("extract @{}: no ranked candidate of `{c}` to compose", comp.name),
+                    )
+                    .with_help("every subgraph needs a candidate with a legal schedule; `--stats=json` has each e-graph's counters"))
+                }
+            }
+        }
+        let sums: Vec<Vec<f64>> = lists
+            .iter()
+            .map(|l| l.iter().map(|(e, _)| *e).collect())
+            .collect();
+        let best = crate::partition::compose::k_best(&sums, top);
+        let mut out = Vec::new();
+        for (i, (sum, ix)) in best.iter().enumerate() {
+            let chosen: Vec<&Function> = ix.iter().zip(&lists).map(|(j, l)| &l[*j].1).collect();
+            let mut f =
+                crate::partition::compose::inline(comp, &chosen, &format!("{}.c{i}", comp.name));
+            let names: Vec<&str> = chosen.iter().map(|g| g.name.as_str()).collect();
+            let summary = summarize(&mut f);
+            f.comment = Some(format!(
+                "composed of {}: {sum:.2} us estimated (sum of parts), {} kernels",
+                names.join(" + "),
+                summary.kernels
+            ));
+            out.push(f);
+        }
+        // Typed, as the checks and later passes need them.
+        let mut typed = Module {
+            reducers: cx.original.reducers.clone(),
+            funcs: out,
+            egraphs: Vec::new(),
+        };
+        typed.reducers.extend(
+            reducers
+                .iter()
+                .filter(|r| !cx.original.reducers.iter().any(|o| o.name == r.name))
+                .cloned(),
+        );
+        if let Err(mut d) = crate::verify::verify_module(&mut typed) {
+            let mut first = d.remove(0);
+            first.message = format!(
+                "extract @{}: a composed candidate does not verify (a bug in composition): {}",
+                comp.name, first.message
+            );
+            return Err(first);
+        }
+        let mut out = typed.funcs;
+        let mut line = format!(
+            "// extract @{}: composed {} of {} calls ({} distinct subgraphs) by a k-best merge in {:.3} s",
+            comp.name,
+            out.len(),
+            calls.len(),
+            calls.iter().collect::<std::collections::BTreeSet<_>>().len(),
+            start.elapsed().as_secs_f64()
+        );
+        if self.check_candidates {
+            if let Some(source) = cx.original.funcs.iter().find(|f| f.name == comp.name) {
+                // The source's module (its callees, if it was written with calls) with the
+                // reducers saturation made.
+                let mut module = cx.original.clone();
+                module.reducers.extend(
+                    reducers
+                        .iter()
+                        .filter(|r| !cx.original.reducers.iter().any(|o| o.name == r.name))
+                        .cloned(),
+                );
+                let report = super::net::check_candidates(&module, source, &out, cx.seed);
+                let wrong: Vec<usize> = report.wrong.iter().map(|(i, _)| *i).collect();
+                for (i, why) in &report.wrong {
+                    cx.diagnostics.push(super::net::wrong_candidate(
+                        &module, &comp.name, &out[*i], why,
+                    ));
+                }
+                line.push_str(&format!(
+                    "; {} checked against the source, {} wrong and dropped",
+                    out.len(),
+                    wrong.len()
+                ));
+                let mut k = 0;
+                out.retain(|_| {
+                    k += 1;
+                    !wrong.contains(&(k - 1))
+                });
+            }
+        }
+        cx.report.push(line);
+        Ok(out)
+    }
+
+    /// Rank-bounded extraction's bound and scorer (`top` > 0), on `device`.
+    fn rank_bound(
+        &self,
+        env: &crate::verify::typing::TypeEnv,
+        top: usize,
+    ) -> Result<Option<RankBound>, Vec<Diagnostic>> {
+        if top == 0 {
+            return Ok(None);
+        }
+        let dev = device(self.device.word())
+            .map_err(|m| vec![Diagnostic::global(Severity::Error, format!("extract: {m}"))])?;
+        Ok(Some(RankBound {
+            top,
+            launch_us: dev.launch_s * 1e6,
+            latency_us: dev.dram_latency_s * 1e6,
+            dram_bytes_per_us: dev.dram_bytes_per_s / 1e6,
+            score: rank_scorer(env, dev),
+            scale: 1.0,
+        }))
+    }
+
     /// The pass reading the resident size from `reader` instead of the process (a test stops
     /// the output where it chooses).
     pub fn with_resident_reader(mut self, reader: fn() -> Option<usize>) -> ExtractPass {
@@ -240,7 +406,22 @@ impl Pass for ExtractPass {
         let mut funcs = Vec::new();
         let mut per_graph = Vec::new();
         let mut errors = Vec::new();
+        // Subgraphs a composition calls: their best candidates (by the rank model) are kept
+        // aside for the composition, not output.
+        let compositions: Vec<Function> = module
+            .funcs
+            .iter()
+            .filter(|f| crate::partition::has_calls(f))
+            .cloned()
+            .collect();
+        let callees: std::collections::BTreeSet<String> = compositions
+            .iter()
+            .flat_map(crate::partition::compose::calls)
+            .collect();
+        let compose_top = if self.top > 0 { self.top } else { COMPOSE_TOP };
+        let mut parts: BTreeMap<String, Vec<(f64, Function)>> = BTreeMap::new();
         for g in &graphs {
+            let is_part = callees.contains(&g.name);
             let built = if self.stored_grids {
                 ExtractGraph::with_stored_grids(g)
             } else {
@@ -260,9 +441,17 @@ impl Pass for ExtractPass {
                     continue;
                 }
             };
+            let top = if is_part { compose_top } else { self.top };
+            let limit = if is_part {
+                self.part_time_limit.duration()
+            } else {
+                self.time_limit.duration()
+            };
             let mut extractor = extractor
                 .clone()
-                .with_lowerable(lower_check(&g.egraph.analysis.env));
+                .with_time_limit(limit)
+                .with_lowerable(lower_check(&g.egraph.analysis.env))
+                .with_rank_bound(self.rank_bound(&g.egraph.analysis.env, top)?);
             let shown = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
             if cx.progress {
                 let (name, shown) = (g.name.clone(), shown.clone());
@@ -396,6 +585,15 @@ impl Pass for ExtractPass {
                 format!("memory limit ({limit} MiB) reached")
             });
             let mut output = output;
+            if is_part {
+                cx.report.push(summary_line(output.functions.len()));
+                let estimates = report
+                    .candidates
+                    .iter()
+                    .map(|c| c.estimate.unwrap_or(f64::MAX));
+                parts.insert(g.name.clone(), estimates.zip(output.functions).collect());
+                continue;
+            }
             let net = self.check_candidates.then(|| self.net(g, &mut output, cx));
             let output_count = output.functions.len();
             cx.report.push(summary_line(output_count));
@@ -433,6 +631,14 @@ impl Pass for ExtractPass {
                 fields.insert("candidates".into(), serde_json::Value::Array(output.listed));
             }
             per_graph.push(row);
+        }
+        if errors.is_empty() {
+            for comp in &compositions {
+                match self.compose(comp, &parts, compose_top, &module.reducers, cx) {
+                    Ok(composed) => funcs.extend(composed),
+                    Err(d) => errors.push(d),
+                }
+            }
         }
         cx.counters
             .insert("egraphs".into(), serde_json::Value::Array(per_graph));

@@ -19,6 +19,7 @@
 //! ```
 
 use super::pipeline::{parse_pipeline, PassSpec};
+use super::rank::RankOptions;
 use super::{registry, NamedPass, Pass, PassContext};
 use crate::diag::{Diagnostic, Severity, SourceMap};
 use crate::ir::print::{print_module, PrintOptions};
@@ -156,6 +157,46 @@ pub struct PassManager {
     pub config: PipelineConfig,
 }
 
+/// `extract` followed by `rank` extracts only what `rank` keeps: an `extract` without `top` (and
+/// with the default early compaction) takes the `top` and `device` of the next `rank` before
+/// another `extract`, so `saturate,extract,rank{top=10}` finds the best ten without
+/// enumerating every class (`rank{top=0}` keeps all, so extraction enumerates all).
+fn rank_bounded(specs: &[PassSpec]) -> Vec<PassSpec> {
+    let mut out = specs.to_vec();
+    let set = |s: &PassSpec, k: &str| s.options.iter().any(|o| o.name == k);
+    for i in 0..out.len() {
+        if out[i].name != "extract"
+            || set(&out[i], "top")
+            || out[i]
+                .options
+                .iter()
+                .any(|o| o.name == "compaction" && o.value != "early")
+        {
+            continue;
+        }
+        let Some(rank) = specs[i + 1..]
+            .iter()
+            .take_while(|s| s.name != "extract")
+            .find(|s| s.name == "rank")
+        else {
+            continue;
+        };
+        let value = |k: &str| {
+            rank.options
+                .iter()
+                .rev()
+                .find(|o| o.name == k)
+                .map(|o| o.value.clone())
+        };
+        let top = value("top").unwrap_or_else(|| RankOptions::default().top.to_string());
+        out[i] = out[i].clone().with("top", top);
+        if let Some(d) = value("device").filter(|_| !set(&specs[i], "device")) {
+            out[i] = out[i].clone().with("device", d);
+        }
+    }
+    out
+}
+
 impl PassManager {
     /// An empty pipeline.
     pub fn new(config: PipelineConfig) -> PassManager {
@@ -180,7 +221,8 @@ impl PassManager {
         let reg = registry();
         let mut pm = PassManager::new(config);
         let mut errors = Vec::new();
-        for spec in specs {
+        let specs = rank_bounded(specs);
+        for spec in &specs {
             let Some(info) = reg.iter().find(|p| p.name == spec.name) else {
                 errors.push(Diagnostic::error(
                     spec.span,

@@ -16,6 +16,7 @@ pub mod lower;
 pub mod manager;
 pub mod net;
 pub mod options;
+pub mod partition;
 pub mod pipeline;
 pub mod rank;
 pub mod saturate;
@@ -116,6 +117,7 @@ pub fn registry() -> Vec<PassInfo> {
         PassInfo::of::<verify::VerifyPass>(),
         PassInfo::of::<interpret::InterpretPass>(),
         PassInfo::of::<check::CheckPass>(),
+        PassInfo::of::<partition::PartitionPass>(),
         PassInfo::of::<saturate::SaturatePass>(),
         PassInfo::of::<extract::ExtractPass>(),
         PassInfo::of::<expect_contains::ContainsPass>(),

@@ -41,9 +41,36 @@ impl ModuleInfo {
 pub fn verify_module(m: &mut Module) -> Result<ModuleInfo, Vec<Diagnostic>> {
     let mut diags = Vec::new();
     let reducers = m.reducers.clone();
+    // E-graph dumps are callable (a composition calls its saturated subgraphs) wherever they
+    // are: they call nothing.
+    let mut signatures: Vec<typing::Signature> = m.egraphs.iter().map(dump_signature).collect();
     for f in &mut m.funcs {
-        let env = TypeEnv::for_bindings(&reducers, &f.bindings);
+        let env = TypeEnv::for_bindings(&reducers, &f.bindings).with_functions(signatures.clone());
+        let before = diags.len();
         verify_function(f, &env, &mut diags);
+        calls_agree_on_sizes(f, &signatures, &mut diags);
+        if diags.len() == before {
+            signatures.push(typing::Signature {
+                name: f.name.clone(),
+                params: f
+                    .body
+                    .params
+                    .iter()
+                    .filter_map(|p| f.body.ty(*p).cloned())
+                    .collect(),
+                results: f
+                    .body
+                    .results
+                    .iter()
+                    .filter_map(|r| f.body.ty(*r).cloned())
+                    .collect(),
+                bindings: f
+                    .bindings
+                    .iter()
+                    .map(|b| (b.name.clone(), b.value))
+                    .collect(),
+            });
+        }
     }
     for g in &m.egraphs {
         let env = TypeEnv::for_bindings(&reducers, &g.bindings);
@@ -56,6 +83,62 @@ pub fn verify_module(m: &mut Module) -> Result<ModuleInfo, Vec<Diagnostic>> {
         Ok(ModuleInfo { reducers })
     } else {
         Err(diags)
+    }
+}
+
+/// The interface of an e-graph dump: its inputs by position, its roots' types.
+fn dump_signature(g: &EGraphDump) -> typing::Signature {
+    let mut params: Vec<(u32, Type)> = Vec::new();
+    for c in &g.classes {
+        for n in &c.nodes {
+            if let Some(pos) = n.input {
+                if !params.iter().any(|(p, _)| *p == pos) {
+                    params.push((pos, c.ty.clone()));
+                }
+            }
+        }
+    }
+    params.sort_by_key(|(p, _)| *p);
+    let ty = |id: u32| g.classes.iter().find(|c| c.id == id).map(|c| c.ty.clone());
+    typing::Signature {
+        name: g.name.clone(),
+        params: params.into_iter().map(|(_, t)| t).collect(),
+        results: g.roots.iter().filter_map(|r| ty(*r)).collect(),
+        bindings: g
+            .bindings
+            .iter()
+            .map(|b| (b.name.clone(), b.value))
+            .collect(),
+    }
+}
+
+/// A call's callee must see the sizes its caller has: each size both name has one value.
+fn calls_agree_on_sizes(f: &Function, sigs: &[typing::Signature], diags: &mut Vec<Diagnostic>) {
+    for n in &f.body.nodes {
+        let ExprKind::Call(g, _) = &n.kind else {
+            continue;
+        };
+        let Some(sig) = sigs.iter().find(|s| s.name == *g) else {
+            continue;
+        };
+        for (name, value) in &sig.bindings {
+            if let Some(b) = f.bindings.iter().find(|b| b.name == *name) {
+                if b.value != *value {
+                    diags.push(
+                        Diagnostic::error(
+                            n.span,
+                            format!(
+                                "`{g}` has {name} = {value}, but `{}` has {name} = {}",
+                                f.name, b.value
+                            ),
+                        )
+                        .with_help(
+                            "a callee and its callers give each size they share the same value",
+                        ),
+                    );
+                }
+            }
+        }
     }
 }
 

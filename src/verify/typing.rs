@@ -63,6 +63,18 @@ pub struct TypeEnv {
     sizes: SizeDefs,
     /// Shared by the threads that search rules in parallel.
     cache: Mutex<HashMap<InstanceKey, TResult<Instance>>>,
+    /// The functions a `call` may name: those defined before the one being typed.
+    functions: Vec<Signature>,
+}
+
+/// A function's interface, as a `call` of it is typed.
+#[derive(Clone, Debug)]
+pub struct Signature {
+    pub name: String,
+    pub params: Vec<Type>,
+    pub results: Vec<Type>,
+    /// Its sizes: a caller must have the same value for each.
+    pub bindings: Vec<(String, u64)>,
 }
 
 thread_local! {
@@ -76,7 +88,14 @@ impl TypeEnv {
             reducers: reducers.to_vec(),
             sizes: SizeDefs::default(),
             cache: Mutex::new(HashMap::new()),
+            functions: Vec::new(),
         }
+    }
+
+    /// The environment with these functions callable.
+    pub fn with_functions(mut self, functions: Vec<Signature>) -> TypeEnv {
+        self.functions = functions;
+        self
     }
 
     /// The environment for a function with these `where` bindings: typing compares and
@@ -301,6 +320,31 @@ pub fn infer(
         Input | Constant(_) | Fill(_) => {
             let t = leaf_annotation(kind, annot)?;
             Ok(Type::Tensor(t.clone()))
+        }
+        Call(f, _) => {
+            let Some(sig) = env.functions.iter().find(|s| s.name == *f) else {
+                return err(format!(
+                    "no function `{f}` is defined before this call (a call names a function defined earlier in the module, so calls never recurse)"
+                ));
+            };
+            if operands.len() != sig.params.len() {
+                return err(format!(
+                    "`{f}` takes {} operand(s), got {}",
+                    sig.params.len(),
+                    operands.len()
+                ));
+            }
+            for (i, (got, want)) in operands.iter().zip(&sig.params).enumerate() {
+                if *got != want {
+                    return err(format!(
+                        "operand {i} of `call @{f}` is {got}, but `{f}` takes {want} there"
+                    ));
+                }
+            }
+            Ok(match sig.results.as_slice() {
+                [one] => one.clone(),
+                many => Type::Tuple(many.to_vec()),
+            })
         }
         Param => err("reducer parameters are typed by their reducer's use"),
         Iota(d) => {

@@ -70,6 +70,7 @@
 use crate::ir::Function;
 use std::time::Duration;
 
+mod bound;
 mod canon;
 mod context;
 mod extract_graph;
@@ -81,6 +82,7 @@ mod reach;
 mod search;
 mod validity;
 
+pub use bound::{RankBound, Scorer};
 pub use canon::canonical_text;
 pub use extract_graph::ExtractGraph;
 pub use memory::{proc_mib, resident_mib};
@@ -114,6 +116,9 @@ pub enum ExtractStop {
     TimeLimit(f64),
     /// The process's resident memory reached this many MiB.
     MemoryLimit(usize),
+    /// Rank-bounded extraction held this many candidates with estimates no larger than any
+    /// bound left: they are the best by the rank model.
+    TopFound(usize),
 }
 
 impl std::fmt::Display for ExtractStop {
@@ -123,6 +128,7 @@ impl std::fmt::Display for ExtractStop {
             ExtractStop::CandidateLimit(n) => write!(f, "candidate limit ({n}) reached"),
             ExtractStop::TimeLimit(s) => write!(f, "time limit ({s} s) reached"),
             ExtractStop::MemoryLimit(m) => write!(f, "memory limit ({m} MiB) reached"),
+            ExtractStop::TopFound(k) => write!(f, "top {k} found"),
         }
     }
 }
@@ -141,11 +147,15 @@ pub struct Candidate {
     classes: u32,
     /// Estimated work (the exploration order's cost model), each picked e-node counted once.
     pub cost: u64,
+    /// The rank model's T̂ (µs) under rank-bounded extraction; `None` otherwise, or where no
+    /// schedule is legal.
+    pub estimate: Option<f64>,
 }
 
 impl Candidate {
     fn new(choice: &Choice, cost: u64) -> Candidate {
         Candidate {
+            estimate: None,
             picks: (0..)
                 .zip(choice)
                 .filter(|(_, n)| **n != NONE)
@@ -197,6 +207,9 @@ pub struct ExtractReport {
     pub dead_components: usize,
     /// Partial programs pruned as ≈ₚ one already taken (early compaction only).
     pub equivalent: usize,
+    /// Programs pruned by rank-bounded extraction: their bound is above the `top`-th best
+    /// estimate found.
+    pub over_bound: usize,
     /// Complete programs the backend refused to lower (see `Extractor::lowerable`).
     pub not_lowerable: usize,
     /// The backend's reason for the first refusal.
@@ -309,6 +322,10 @@ pub struct Extractor {
     /// Run `lowerable` on another thread while the search goes on (`LoweringQueue`); on by
     /// default, off only to show, in tests, that it changes neither candidates nor counts.
     pub background_lowering: bool,
+    /// Rank-bounded extraction (`bound`): partial programs by an admissible bound of the rank
+    /// model's estimate, stopping once the best `top` are known. Complete programs are scored
+    /// on the search's thread.
+    pub rank_bound: Option<RankBound>,
     /// Check a child for dead components and for computing a value twice where its new picks
     /// decide it, before it is pushed, so that it is never walked (`computes_twice_directly`,
     /// `unreachable_from_holes`): the same states pruned earlier. On by default; off only to
@@ -367,6 +384,7 @@ impl Default for Extractor {
             progress: None,
             no_pointwise_kernels: false,
             background_lowering: true,
+            rank_bound: None,
         }
     }
 }
@@ -406,6 +424,11 @@ impl Extractor {
     /// and stores a value another kernel reads; partial programs that have one are pruned.
     pub fn with_no_pointwise_kernels(mut self, on: bool) -> Self {
         self.no_pointwise_kernels = on;
+        self
+    }
+
+    pub fn with_rank_bound(mut self, rb: Option<RankBound>) -> Self {
+        self.rank_bound = rb;
         self
     }
 

@@ -10,6 +10,7 @@
 //! `fails_before_push` and `estimate`) pushes the children of a partial one, and `finish`
 //! turns the counts into the report.
 
+use super::bound::BoundModel;
 use super::canon::{Interner, SliceTable, Walk, WalkFacts};
 use super::context::{hole_context, RegionScratch};
 use super::extract_graph::{add_cheapest, cheapest_pick, hole_estimate, picked_cost, ExtractGraph};
@@ -50,6 +51,8 @@ struct Counts {
     dead_components: usize,
     equivalent: usize,
     forced: usize,
+    /// Programs pruned by rank-bounded extraction's bound.
+    over_bound: usize,
 }
 
 /// One run of the search: the worklist, the trail of picks, the seen-set, what complete
@@ -126,6 +129,14 @@ pub(super) struct Search<'scope, 'env> {
     /// `reached` as a set: the hole tests ask it once per class searched.
     in_reached: Marks,
     n: Counts,
+    /// Rank-bounded extraction (branch and bound): the e-graph's part of the bound, per trail
+    /// index the bound of the program it was pushed from, the bound of the program being
+    /// judged, and the best estimates found (at most `top`, as f64 bits).
+    bound: Option<BoundModel>,
+    pushed_bound: Vec<f64>,
+    own_bound: f64,
+    best: BinaryHeap<u64>,
+    stored: rustc_hash::FxHashSet<u32>,
 }
 
 impl<'scope, 'env> Search<'scope, 'env> {
@@ -139,7 +150,12 @@ impl<'scope, 'env> Search<'scope, 'env> {
         let classes = x.ids.len();
         let max_kernels = ex.max_kernels;
         let queue = match &ex.lowerable {
-            Some(check) if ex.background_lowering && ex.compaction != Compaction::None => {
+            // Rank-bounded extraction needs each verdict and estimate to decide when to stop.
+            Some(check)
+                if ex.background_lowering
+                    && ex.compaction != Compaction::None
+                    && ex.rank_bound.is_none() =>
+            {
                 let early = ex.compaction == Compaction::Early;
                 let rebuild = move |choice: &Choice| rebuilt(x, choice, max_kernels);
                 Some(LoweringQueue::new(scope, check.clone(), rebuild, early))
@@ -206,6 +222,11 @@ impl<'scope, 'env> Search<'scope, 'env> {
             forced_picks: Vec::new(),
             in_reached: Marks::new(classes),
             n: Counts::default(),
+            bound: ex.rank_bound.as_ref().map(|_| BoundModel::new(x)),
+            pushed_bound: vec![0.0],
+            own_bound: 0.0,
+            best: BinaryHeap::new(),
+            stored: Default::default(),
         };
         search.seed();
         search
@@ -229,8 +250,19 @@ impl<'scope, 'env> Search<'scope, 'env> {
         let mut facts = WalkFacts::default();
         let stop = loop {
             let Some((_, at)) = self.worklist.pop() else {
-                break ExtractStop::Exhausted;
+                break match &self.ex.rank_bound {
+                    Some(rb) if self.best.len() >= rb.top.max(1) => {
+                        ExtractStop::TopFound(rb.top.max(1))
+                    }
+                    _ => ExtractStop::Exhausted,
+                };
             };
+            // Pushed from a program whose bound is above the `top`-th estimate found: none
+            // of its completions can be among the best.
+            if self.bound.is_some() && self.over_bound(self.pushed_bound[at as usize]) {
+                self.n.over_bound += 1;
+                continue;
+            }
             if let Some(stop) = self.take(at, &mut facts) {
                 break stop;
             }
@@ -372,6 +404,15 @@ impl<'scope, 'env> Search<'scope, 'env> {
             } else if self.out.distinct.contains(&class_form) {
                 self.n.equivalent += 1;
                 return None; // ≈ a program already output
+            }
+        }
+        // After the seen-set: a program pruned by its bound is still taken, as it is without
+        // the bound, so that the programs ≈ₚ to it are pruned as they are without it.
+        if let (Some(b), Some(rb), Some(_)) = (&self.bound, &self.ex.rank_bound, hole) {
+            self.own_bound = b.bound(rb, self.x, &self.s, facts, &mut self.stored);
+            if self.over_bound(self.own_bound) {
+                self.n.over_bound += 1;
+                return None;
             }
         }
         match hole {
@@ -656,7 +697,18 @@ impl<'scope, 'env> Search<'scope, 'env> {
         }
         // One lowering per class: a representative of a class already output stands
         // for it. A refused representative leaves the class open to another.
-        if let Some(check) = &self.ex.lowerable {
+        let mut estimate = None;
+        if let Some(rb) = &self.ex.rank_bound {
+            if !self.out.distinct.contains(&class_form) {
+                match (rb.score)(&program) {
+                    Err(reason) => {
+                        self.out.refused(reason);
+                        return None;
+                    }
+                    Ok(e) => estimate = e,
+                }
+            }
+        } else if let Some(check) = &self.ex.lowerable {
             if !self.out.distinct.contains(&class_form) {
                 if let Err(reason) = check(&program) {
                     self.out.refused(reason);
@@ -665,11 +717,22 @@ impl<'scope, 'env> Search<'scope, 'env> {
             }
         }
         let max = self.ex.max_candidates;
-        if self
+        let output = self
             .out
-            .accept(class_form, &self.s, cost, every, fingerprint)
-            && self.out.candidates.len() >= max
-        {
+            .accept(class_form, &self.s, cost, every, fingerprint);
+        if let Some(rb) = self.ex.rank_bound.as_ref().filter(|_| output) {
+            if let Some(c) = self.out.candidates.last_mut() {
+                c.estimate = estimate;
+            }
+            if let Some(e) = estimate {
+                self.best.push(e.max(0.0).to_bits());
+                if self.best.len() > rb.top.max(1) {
+                    self.best.pop();
+                }
+            }
+            return None;
+        }
+        if output && self.out.candidates.len() >= max {
             return Some(ExtractStop::CandidateLimit(max));
         }
         None
@@ -757,6 +820,11 @@ impl<'scope, 'env> Search<'scope, 'env> {
         self.n.forced += self.trail.len() - trail_len - 1;
         self.worklist
             .push((Reverse(child), (self.trail.len() - 1) as u32));
+        if self.bound.is_some() {
+            // Indices past a truncated trail are reused: set, not only grown.
+            self.pushed_bound.resize(self.trail.len(), 0.0);
+            self.pushed_bound[self.trail.len() - 1] = self.own_bound;
+        }
     }
 
     /// Unit propagation in the child in `s` (which picked for `h`): a class the pick makes
@@ -941,6 +1009,18 @@ impl<'scope, 'env> Search<'scope, 'env> {
             .saturating_add(hole_estimate(x, &self.s, &self.union))
     }
 
+    /// Whether a bound (µs) is above the `top`-th best estimate found (rank-bounded
+    /// extraction only).
+    fn over_bound(&self, bound: f64) -> bool {
+        match &self.ex.rank_bound {
+            Some(rb) if self.best.len() >= rb.top.max(1) => self
+                .best
+                .peek()
+                .is_some_and(|kth| bound > f64::from_bits(*kth)),
+            _ => false,
+        }
+    }
+
     /// The report, once the worker has decided every waiting program.
     fn finish(mut self, stop: ExtractStop) -> ExtractReport {
         if let Some(q) = self.queue.as_mut() {
@@ -956,6 +1036,20 @@ impl<'scope, 'env> Search<'scope, 'env> {
             renamed,
             ..
         } = std::mem::take(&mut self.out);
+        let mut candidates = candidates;
+        if let Some(rb) = &self.ex.rank_bound {
+            // The best `top` by estimate (then the search's work estimate, then discovery);
+            // those with no legal schedule are not ranked.
+            candidates.retain(|c| c.estimate.is_some());
+            candidates.sort_by(|a, b| {
+                let (x, y) = (
+                    a.estimate.unwrap_or(f64::MAX),
+                    b.estimate.unwrap_or(f64::MAX),
+                );
+                x.total_cmp(&y).then(a.cost.cmp(&b.cost))
+            });
+            candidates.truncate(rb.top.max(1));
+        }
         let n = &self.n;
         ExtractReport {
             stop,
@@ -970,6 +1064,7 @@ impl<'scope, 'env> Search<'scope, 'env> {
             dead_components: n.dead_components + deferred.count(Refusal::DeadComponent),
             forced: n.forced,
             equivalent: n.equivalent + deferred.equivalent,
+            over_bound: n.over_bound,
             not_lowerable,
             first_refusal,
             unlowerable_enodes: self.x.unlowerable,

@@ -180,6 +180,38 @@ impl Builder {
                 None
             }
             ExprAst::Reduce { input, attrs } => self.reduce(scope, e, input, attrs),
+            ExprAst::FuncCall {
+                keyword,
+                name,
+                name_loc,
+                args,
+            } => {
+                if keyword != "call" {
+                    let d = self
+                        .err(
+                            e.loc,
+                            format!("`{keyword} @{name}(…)` is not an expression"),
+                        )
+                        .with_help(format!(
+                            "a call of function `{name}` is written `call @{name}(…)`"
+                        ));
+                    self.push(d);
+                    return None;
+                }
+                let mut operands = Vec::new();
+                let mut failed = false;
+                for a in args {
+                    match self.expr(scope, a) {
+                        Some(id) => operands.push(id),
+                        None => failed = true,
+                    }
+                }
+                if failed {
+                    return None;
+                }
+                let _ = name_loc;
+                Some(self.new_node(scope, ExprKind::Call(name.clone(), operands), e.loc))
+            }
             ExprAst::Call {
                 op,
                 op_loc,
