@@ -128,15 +128,11 @@ fn bounded(g: &TypedEGraph, x: &ExtractGraph, top: usize, scale: f64) -> (Ranked
         "{:?}",
         report.stop
     );
+    // Where no candidate has a legal schedule, they are output unranked.
     let ranked = report
         .candidates
         .iter()
-        .map(|c: &Candidate| {
-            (
-                c.estimate.expect("ranked candidates have estimates"),
-                canonical_text(x, &c.choice()),
-            )
-        })
+        .filter_map(|c: &Candidate| Some((c.estimate?, canonical_text(x, &c.choice()))))
         .collect();
     (ranked, report.expanded)
 }

@@ -64,23 +64,56 @@ fn is_leaf(kind: &ExprKind) -> bool {
     )
 }
 
-/// Per node, whether its value is known without inputs (leaves, and what computes only from
-/// them, like `reduce ones axis=H`): copied into each subgraph that reads it, as whole-graph
-/// search folds it into its readers instead of giving it a kernel.
+/// Per node, whether it is copied into each subgraph that reads it instead of crossing a
+/// boundary: what is known without inputs (leaves, and what computes from them alone, like
+/// `reduce ones axis=H`), and pointwise operators and views of inputs and such values (a
+/// `cast(x)`). Whole-graph search folds these into their readers; as a value of their own
+/// they would be a kernel that only copies data (or none with a legal block: a lone cast of
+/// a whole 16×4096 tensor).
 fn constants(body: &Body) -> Vec<bool> {
+    // `known`: computed from leaves alone; `c`: copied (known, or cheap over inputs and
+    // copied values).
+    let mut known = vec![false; body.nodes.len()];
     let mut c = vec![false; body.nodes.len()];
     for id in body.ids() {
         let k = &body.node(id).kind;
         let ops = k.operands();
-        c[id.index()] = is_leaf(k)
+        let cheap = matches!(
+            k,
+            ExprKind::Unary(..)
+                | ExprKind::Binary(..)
+                | ExprKind::Select(..)
+                | ExprKind::Cast(..)
+                | ExprKind::Transpose(..)
+                | ExprKind::Reshape(..)
+                | ExprKind::Broadcast(..)
+        );
+        let source = |o: &NodeId| c[o.index()] || matches!(body.node(*o).kind, ExprKind::Input);
+        known[id.index()] = is_leaf(k)
             || (!matches!(k, ExprKind::Input | ExprKind::Call(..))
                 && !ops.is_empty()
-                && ops.iter().all(|o| c[o.index()]));
+                && ops.iter().all(|o| known[o.index()]));
+        c[id.index()] = known[id.index()] || (cheap && ops.iter().all(source));
     }
     c
 }
 
-/// Copies constant node `id` and what it reads into `sb` (once each, through `map`).
+/// The inputs and computed values `id` reads through copied nodes (`constants`), itself if
+/// it is one.
+fn sources(body: &Body, constant: &[bool], id: NodeId, out: &mut Vec<NodeId>) {
+    if !constant[id.index()] {
+        if !out.contains(&id) {
+            out.push(id);
+        }
+        return;
+    }
+    for o in body.node(id).kind.operands() {
+        sources(body, constant, o, out);
+    }
+}
+
+/// Copies node `id` (copied, `constants`) and what it reads into `sb` (once each, through
+/// `map`, which holds the inputs it reads).
 fn copy_constant(body: &Body, id: NodeId, sb: &mut Body, map: &mut BTreeMap<NodeId, NodeId>) {
     if map.contains_key(&id) {
         return;
@@ -104,6 +137,21 @@ pub fn has_calls(f: &Function) -> bool {
         .nodes
         .iter()
         .any(|n| matches!(n.kind, ExprKind::Call(..)))
+}
+
+/// The matrix products of a function: what decides whether `saturate` partitions it (each
+/// multiplies the tilings the search combines).
+pub fn products(f: &Function) -> usize {
+    f.body
+        .nodes
+        .iter()
+        .filter(|n| {
+            matches!(
+                n.kind,
+                ExprKind::MatMul { .. } | ExprKind::TileMatMul { .. }
+            )
+        })
+        .count()
 }
 
 /// The compute nodes of a function: what a subgraph size counts.
@@ -184,8 +232,13 @@ pub fn partition(f: &Function, size: usize) -> Option<Partition> {
     let cost = |i: usize, j: usize| -> f64 {
         let mut read: Vec<NodeId> = Vec::new();
         let mut total = 0.0;
+        let mut src = Vec::new();
         for id in &compute[i..j] {
+            src.clear();
             for o in body.node(*id).kind.operands() {
+                sources(body, &constant, o, &mut src);
+            }
+            for &o in &src {
                 let outside = match pos.get(&o) {
                     Some(p) => *p < i,
                     None => matches!(body.node(o).kind, ExprKind::Input),
@@ -326,10 +379,16 @@ pub fn split(f: &Function, p: &Partition) -> Vec<Function> {
         let mut results: Vec<NodeId> = Vec::new();
         // Parameters first (the values read from outside, in order of first use), then the
         // leaves each node reads and the nodes.
+        let mut src = Vec::new();
         for id in s {
             for o in body.node(*id).kind.operands() {
+                sources(body, &constant, o, &mut src);
+            }
+        }
+        for o in src {
+            {
                 let on = body.node(o);
-                if map.contains_key(&o) || constant[o.index()] || s.contains(&o) {
+                if map.contains_key(&o) || s.contains(&o) {
                     continue;
                 }
                 params.push(o);

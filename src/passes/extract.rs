@@ -264,14 +264,18 @@ impl ExtractPass {
         let calls = crate::partition::compose::calls(comp);
         let mut lists: Vec<&[(f64, Function)]> = Vec::new();
         for c in &calls {
-            match parts.get(c).filter(|l| !l.is_empty()) {
+            // Unranked candidates (no legal schedule) cannot be composed.
+            match parts
+                .get(c)
+                .filter(|l| l.first().is_some_and(|(e, _)| *e < f64::MAX))
+            {
                 Some(l) => lists.push(l),
                 None => {
                     return Err(Diagnostic::error(
                         comp.name_span,
                         format!("extract @{}: no ranked candidate of `{c}` to compose", comp.name),
                     )
-                    .with_help("every subgraph needs a candidate with a legal schedule; `--stats=json` has each e-graph's counters"))
+                    .with_help("every subgraph needs a candidate with a legal schedule (the warnings and `--stats=json` say what its search found); a larger `saturate{partition-size=…}` keeps more of the function together"))
                 }
             }
         }
@@ -286,11 +290,9 @@ impl ExtractPass {
             let mut f =
                 crate::partition::compose::inline(comp, &chosen, &format!("{}.c{i}", comp.name));
             let names: Vec<&str> = chosen.iter().map(|g| g.name.as_str()).collect();
-            let summary = summarize(&mut f);
             f.comment = Some(format!(
-                "composed of {}: {sum:.2} us estimated (sum of parts), {} kernels",
-                names.join(" + "),
-                summary.kernels
+                "composed of {}: {sum:.2} us estimated (sum of parts)",
+                names.join(" + ")
             ));
             out.push(f);
         }

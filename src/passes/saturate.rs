@@ -44,7 +44,7 @@ pub struct SaturateOptions {
     pub dot: Option<String>,
     /// `families`: the rule families to use.
     pub families: Vec<Family>,
-    /// `partition-above`: functions with more compute nodes are partitioned first (0: never).
+    /// `partition-above`: functions with more matrix products are partitioned first (0: never).
     pub partition_above: usize,
     /// `partition-size`: the subgraph size they are partitioned at.
     pub partition_size: usize,
@@ -85,16 +85,17 @@ pass_options!(SaturateOptions {
         ]),
         "rule families to use (comma-separated)";
     "partition-above" => partition_above: OptionKind::Int,
-        "a function with more compute nodes is partitioned first (as `partition{size=…}` does) and each subgraph saturated on its own, where whole-graph search would not finish; 0: never";
+        "a function with more matrix products than this is partitioned first (as `partition{size=…}` does) and each subgraph saturated on its own, where whole-graph search would not finish; 0: never";
     "partition-size" => partition_size: OptionKind::Count,
         "the most compute nodes a subgraph holds when a function is partitioned";
 });
 
-/// Compute nodes past which `saturate` partitions a function by default. The largest
-/// workloads searched whole finish in seconds (MHA prefill: 11 compute nodes; the five case
-/// studies up to 25); a differential-attention program of about 30 statements found no
-/// candidate in 60 s searched whole.
-pub const PARTITION_ABOVE: usize = 28;
+/// Matrix products past which `saturate` partitions a function by default. Each product
+/// multiplies the tilings extraction combines: the workloads and the five case studies (at
+/// most 4 products) are searched whole, so that fusions across all of them stay in reach; a
+/// whole decoder layer (9) searched whole gives its first candidates only after tens of
+/// seconds.
+pub const PARTITION_ABOVE: usize = 4;
 
 pub struct SaturatePass {
     scheduler: crate::egraph::runner::Scheduler,
@@ -150,12 +151,12 @@ impl Pass for SaturatePass {
             && module
                 .funcs
                 .iter()
-                .any(|f| crate::partition::compute_nodes(f) > self.partition_above)
+                .any(|f| crate::partition::products(f) > self.partition_above)
         {
             // Only the large functions: the others are searched whole.
             let (large, small): (Vec<_>, Vec<_>) = std::mem::take(&mut module.funcs)
                 .into_iter()
-                .partition(|f| crate::partition::compute_nodes(f) > self.partition_above);
+                .partition(|f| crate::partition::products(f) > self.partition_above);
             let mut part = Module {
                 funcs: large,
                 ..Module::default()

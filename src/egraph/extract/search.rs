@@ -1039,8 +1039,11 @@ impl<'scope, 'env> Search<'scope, 'env> {
         let mut candidates = candidates;
         if let Some(rb) = &self.ex.rank_bound {
             // The best `top` by estimate (then the search's work estimate, then discovery);
-            // those with no legal schedule are not ranked.
-            candidates.retain(|c| c.estimate.is_some());
+            // those with no legal schedule are not ranked — unless none has one: then they
+            // are output for `rank` to say which limit they break.
+            if candidates.iter().any(|c| c.estimate.is_some()) {
+                candidates.retain(|c| c.estimate.is_some());
+            }
             candidates.sort_by(|a, b| {
                 let (x, y) = (
                     a.estimate.unwrap_or(f64::MAX),
