@@ -362,6 +362,18 @@ pub type ProgressFn = std::sync::Arc<dyn Fn(&ExtractProgress) + Send + Sync>;
 /// any backend).
 pub type LowerCheck = std::sync::Arc<dyn Fn(&Function) -> Result<(), String> + Send + Sync>;
 
+/// The lowering check as the lowering worker runs it: with rank-bounded extraction, the
+/// scorer (lowering and estimate); otherwise the check, with no estimate.
+fn worker_check(ex: &Extractor, check: &LowerCheck) -> Scorer {
+    match &ex.rank_bound {
+        Some(rb) => rb.score.clone(),
+        None => {
+            let check = check.clone();
+            std::sync::Arc::new(move |f: &Function| check(f).map(|()| None))
+        }
+    }
+}
+
 impl Default for Extractor {
     fn default() -> Self {
         Extractor {

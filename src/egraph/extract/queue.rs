@@ -4,7 +4,7 @@
 use super::extract_graph::ExtractGraph;
 use super::output::{reconstruct, summarize};
 use super::validity::no_dead_components;
-use super::{Candidate, Choice, LowerCheck};
+use super::{Candidate, Choice, Scorer};
 use crate::ir::Function;
 use rustc_hash::{FxHashMap, FxHashSet};
 
@@ -23,6 +23,10 @@ pub(super) struct Outcomes {
     pub(super) fingerprints: FxHashSet<u128>,
     /// Complete programs not output as they rename the axes of one that was.
     pub(super) renamed: usize,
+    /// Rank-bounded extraction: how many best estimates to keep, and those found (as f64
+    /// bits, which order as the non-negative numbers do; the largest on top).
+    pub(super) top: usize,
+    pub(super) best: std::collections::BinaryHeap<u64>,
 }
 
 impl Outcomes {
@@ -44,6 +48,19 @@ impl Outcomes {
             self.fingerprints.insert(fingerprint);
         }
         new || every
+    }
+
+    /// The estimate of the candidate output last (rank-bounded extraction).
+    pub(super) fn estimated(&mut self, estimate: Option<f64>) {
+        if let Some(c) = self.candidates.last_mut() {
+            c.estimate = estimate;
+        }
+        if let Some(e) = estimate.filter(|_| self.top > 0) {
+            self.best.push(e.max(0.0).to_bits());
+            if self.best.len() > self.top {
+                self.best.pop();
+            }
+        }
     }
 
     /// A complete program whose axes rename those of one output: its class counts as output
@@ -112,8 +129,9 @@ impl Deferred {
 
 /// The lowering worker's verdict on a complete program.
 pub(super) enum Verdict {
-    /// Lowered: its class is output; its fingerprint up to axis renaming.
-    Lowered(u128),
+    /// Lowered: its class is output; its fingerprint up to axis renaming, and its estimate
+    /// (rank-bounded extraction).
+    Lowered(u128, Option<f64>),
     /// Renames the axes of a program output before it: its class counts as output.
     Renamed,
     Refused(String),
@@ -154,7 +172,7 @@ pub(super) const MAX_WAITING: usize = 256;
 impl<'scope> LoweringQueue<'scope> {
     pub(super) fn new<'env>(
         scope: &'scope std::thread::Scope<'scope, 'env>,
-        check: LowerCheck,
+        check: Scorer,
         rebuild: impl Fn(&Choice) -> Result<Function, Refusal> + Send + 'scope,
         early: bool,
     ) -> LoweringQueue<'scope> {
@@ -178,10 +196,10 @@ impl<'scope> LoweringQueue<'scope> {
                                 Verdict::Renamed
                             } else {
                                 match check(&f) {
-                                    Ok(()) => {
+                                    Ok(estimate) => {
                                         output.insert(class_form);
                                         fingerprints.insert(fingerprint);
-                                        Verdict::Lowered(fingerprint)
+                                        Verdict::Lowered(fingerprint, estimate)
                                     }
                                     Err(reason) => Verdict::Refused(reason),
                                 }
@@ -260,8 +278,10 @@ impl<'scope> LoweringQueue<'scope> {
             }
         }
         match (verdict, refusal) {
-            (Verdict::Lowered(fingerprint), _) => {
-                out.accept(class_form, &choice, cost, false, fingerprint);
+            (Verdict::Lowered(fingerprint, estimate), _) => {
+                if out.accept(class_form, &choice, cost, false, fingerprint) {
+                    out.estimated(estimate);
+                }
             }
             (Verdict::Renamed, _) => out.renaming(class_form),
             (Verdict::Refused(reason), _) => out.refused(reason),
@@ -313,7 +333,7 @@ impl Drop for LoweringQueue<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Choice, Function, LowerCheck, LoweringQueue, Outcomes, Refusal};
+    use super::{Choice, Function, LoweringQueue, Outcomes, Refusal};
 
     /// A one-statement function named `name`, for a stand-in backend to judge by name; its
     /// body differs with `variant` (distinct programs of distinct classes).
@@ -341,10 +361,10 @@ mod tests {
         early: bool,
     ) -> LoweringQueue<'scope> {
         let calls = calls.clone();
-        let check: LowerCheck = std::sync::Arc::new(move |f: &Function| {
+        let check: super::Scorer = std::sync::Arc::new(move |f: &Function| {
             calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             match f.name.as_str() {
-                "lowers" => Ok(()),
+                "lowers" => Ok(None),
                 _ => Err("refused".to_string()),
             }
         });

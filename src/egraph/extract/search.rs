@@ -135,7 +135,6 @@ pub(super) struct Search<'scope, 'env> {
     bound: Option<BoundModel>,
     pushed_bound: Vec<f64>,
     own_bound: f64,
-    best: BinaryHeap<u64>,
     stored: rustc_hash::FxHashSet<u32>,
 }
 
@@ -150,15 +149,17 @@ impl<'scope, 'env> Search<'scope, 'env> {
         let classes = x.ids.len();
         let max_kernels = ex.max_kernels;
         let queue = match &ex.lowerable {
-            // Rank-bounded extraction needs each verdict and estimate to decide when to stop.
-            Some(check)
-                if ex.background_lowering
-                    && ex.compaction != Compaction::None
-                    && ex.rank_bound.is_none() =>
-            {
+            // With rank-bounded extraction the worker also scores: an estimate that comes in
+            // later only prunes later (the bound compares with the estimates in).
+            Some(check) if ex.background_lowering && ex.compaction != Compaction::None => {
                 let early = ex.compaction == Compaction::Early;
                 let rebuild = move |choice: &Choice| rebuilt(x, choice, max_kernels);
-                Some(LoweringQueue::new(scope, check.clone(), rebuild, early))
+                Some(LoweringQueue::new(
+                    scope,
+                    super::worker_check(ex, check),
+                    rebuild,
+                    early,
+                ))
             }
             _ => None,
         };
@@ -192,7 +193,10 @@ impl<'scope, 'env> Search<'scope, 'env> {
             seen: SliceTable::default(),
             context: Vec::new(),
             seen_key: Vec::new(),
-            out: Outcomes::default(),
+            out: Outcomes {
+                top: ex.rank_bound.as_ref().map_or(0, |rb| rb.top.max(1)),
+                ..Outcomes::default()
+            },
             queue,
             trail: vec![(NONE, NONE, NONE)],
             worklist: BinaryHeap::new(),
@@ -225,7 +229,6 @@ impl<'scope, 'env> Search<'scope, 'env> {
             bound: ex.rank_bound.as_ref().map(|_| BoundModel::new(x)),
             pushed_bound: vec![0.0],
             own_bound: 0.0,
-            best: BinaryHeap::new(),
             stored: Default::default(),
         };
         search.seed();
@@ -250,8 +253,11 @@ impl<'scope, 'env> Search<'scope, 'env> {
         let mut facts = WalkFacts::default();
         let stop = loop {
             let Some((_, at)) = self.worklist.pop() else {
+                if let Some(q) = self.queue.as_mut() {
+                    q.drain(&mut self.out);
+                }
                 break match &self.ex.rank_bound {
-                    Some(rb) if self.best.len() >= rb.top.max(1) => {
+                    Some(rb) if self.out.best.len() >= rb.top.max(1) => {
                         ExtractStop::TopFound(rb.top.max(1))
                     }
                     _ => ExtractStop::Exhausted,
@@ -649,9 +655,10 @@ impl<'scope, 'env> Search<'scope, 'env> {
         // The worker rebuilds and checks it, and lowers it unless its class is output.
         q.submit(Some(self.s.clone()), class_form, self.s.clone(), cost, None);
         // Every waiting program may yet be output: once they could reach the
-        // limit, their verdicts decide whether this program is the last.
+        // limit, their verdicts decide whether this program is the last. (Rank-bounded
+        // extraction outputs the best `top`, whatever their number.)
         let max = self.ex.max_candidates;
-        if self.out.candidates.len() + q.len() >= max {
+        if self.ex.rank_bound.is_none() && self.out.candidates.len() + q.len() >= max {
             q.drain(&mut self.out);
             if self.out.candidates.len() >= max {
                 return Some(ExtractStop::CandidateLimit(max));
@@ -720,15 +727,9 @@ impl<'scope, 'env> Search<'scope, 'env> {
         let output = self
             .out
             .accept(class_form, &self.s, cost, every, fingerprint);
-        if let Some(rb) = self.ex.rank_bound.as_ref().filter(|_| output) {
-            if let Some(c) = self.out.candidates.last_mut() {
-                c.estimate = estimate;
-            }
-            if let Some(e) = estimate {
-                self.best.push(e.max(0.0).to_bits());
-                if self.best.len() > rb.top.max(1) {
-                    self.best.pop();
-                }
+        if self.ex.rank_bound.is_some() {
+            if output {
+                self.out.estimated(estimate);
             }
             return None;
         }
@@ -1013,7 +1014,8 @@ impl<'scope, 'env> Search<'scope, 'env> {
     /// extraction only).
     fn over_bound(&self, bound: f64) -> bool {
         match &self.ex.rank_bound {
-            Some(rb) if self.best.len() >= rb.top.max(1) => self
+            Some(rb) if self.out.best.len() >= rb.top.max(1) => self
+                .out
                 .best
                 .peek()
                 .is_some_and(|kth| bound > f64::from_bits(*kth)),
