@@ -158,9 +158,7 @@ fn difference(all: &Ranked, top: &Ranked, k: usize) -> Option<String> {
         }
     }
     // Below the K-th estimate no tie decides membership: the same classes.
-    let Some(kth) = want.last().map(|w| w.0) else {
-        return None;
-    };
+    let kth = want.last().map(|w| w.0)?;
     let strictly = |r: &[(f64, String)]| {
         let mut v: Vec<String> = r
             .iter()

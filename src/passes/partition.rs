@@ -18,7 +18,7 @@ pub struct PartitionOptions {
 
 impl Default for PartitionOptions {
     fn default() -> PartitionOptions {
-        PartitionOptions { size: 16 }
+        PartitionOptions { size: 12 }
     }
 }
 
