@@ -135,7 +135,15 @@ pub fn partition_module(
                     ));
                 }
                 if cx.progress {
-                    eprintln!("{}", p.line);
+                    let names: Vec<&str> = p.functions[..p.functions.len() - 1]
+                        .iter()
+                        .map(|g| g.name.as_str())
+                        .collect();
+                    eprintln!(
+                        "// partition @{}: searching its subgraphs as {}",
+                        f.name,
+                        names.join(", ")
+                    );
                 }
                 cx.report.push(p.line);
                 rows.push(p.stats);
