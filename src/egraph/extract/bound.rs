@@ -32,7 +32,7 @@ use super::kernels::{kernel_lower_bound, reshape_view};
 use super::reach::class_tiled;
 use super::{Choice, NONE};
 use crate::egraph::lang::Op;
-use crate::ir::{DimBase, Function, Type};
+use crate::ir::Function;
 use rustc_hash::FxHashSet;
 use std::sync::Arc;
 
@@ -63,27 +63,6 @@ pub(super) struct BoundModel {
     floor_bytes: f64,
 }
 
-fn type_bytes(t: &Option<Type>, bindings: &[crate::ir::Binding]) -> f64 {
-    let Some(Type::Tensor(t)) = t else {
-        return 0.0;
-    };
-    let mut n = t.dtype.size_bytes() as f64;
-    for d in &t.shape {
-        if !d.splits.is_empty() {
-            return 0.0;
-        }
-        n *= match &d.base {
-            DimBase::Lit(v) => *v as f64,
-            DimBase::Sym(s) => bindings
-                .iter()
-                .find(|b| b.name == s.as_str())
-                .map_or(1.0, |b| b.value as f64),
-            DimBase::Extent(_) => return 0.0,
-        };
-    }
-    n
-}
-
 impl BoundModel {
     pub(super) fn new(x: &ExtractGraph) -> BoundModel {
         let bindings = &x.g.bindings;
@@ -92,7 +71,7 @@ impl BoundModel {
                 if class_tiled(x, c as u32) {
                     0.0
                 } else {
-                    type_bytes(&x.g.egraph[x.ids[c]].data, bindings)
+                    crate::partition::type_bytes(x.g.egraph[x.ids[c]].data.as_ref(), bindings)
                 }
             })
             .collect();
