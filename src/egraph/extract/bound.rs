@@ -21,8 +21,8 @@
 //!   value a kernel computes or a tiled region combines, read by another operator: written
 //!   once, whole).
 //!
-//! Every term only grows as holes are resolved, and the bound of a child is never below the
-//! bound its parent was pushed with. `tests/rank_bounded.rs` checks exactness against
+//! Every term only grows as holes are resolved, so a program pruned on its parent's bound
+//! would be pruned on its own. `tests/rank_bounded.rs` checks exactness against
 //! exhaustive extraction on every example where that finishes, and that an inadmissible bound
 //! is caught.
 

@@ -116,8 +116,8 @@ pub enum ExtractStop {
     TimeLimit(f64),
     /// The process's resident memory reached this many MiB.
     MemoryLimit(usize),
-    /// Rank-bounded extraction held this many candidates with estimates no larger than any
-    /// bound left: they are the best by the rank model.
+    /// Rank-bounded extraction ended with every program expanded or pruned by its bound and
+    /// this many ranked candidates: they are the best by the rank model.
     TopFound(usize),
 }
 
@@ -322,9 +322,9 @@ pub struct Extractor {
     /// Run `lowerable` on another thread while the search goes on (`LoweringQueue`); on by
     /// default, off only to show, in tests, that it changes neither candidates nor counts.
     pub background_lowering: bool,
-    /// Rank-bounded extraction (`bound`): partial programs by an admissible bound of the rank
-    /// model's estimate, stopping once the best `top` are known. Complete programs are scored
-    /// on the search's thread.
+    /// Rank-bounded extraction (`bound`): complete programs are scored by the rank model (on
+    /// the lowering worker) and a partial program whose admissible bound of that estimate is
+    /// above the `top`-th best found is pruned; the output is the best `top`.
     pub rank_bound: Option<RankBound>,
     /// Check a child for dead components and for computing a value twice where its new picks
     /// decide it, before it is pushed, so that it is never walked (`computes_twice_directly`,
