@@ -3,7 +3,8 @@
 //! every candidate exhaustive extraction finds, ranked by the same model, and (below the K-th
 //! estimate, where ties cannot swap them) are the same ≈-classes. An inadmissible bound (the
 //! admissible one scaled up) is caught by the same comparison. Prints the states expanded both
-//! ways.
+//! ways. So is pruning programs with a tile no schedule holds: with the limit made too small,
+//! the comparison fails.
 
 use efopt::egraph::extract::{
     canonical_text, reconstruct, Candidate, ExtractGraph, ExtractStop, Extractor, RankBound,
@@ -74,7 +75,9 @@ fn saturated(text: &str) -> TypedEGraph {
     g
 }
 
-fn rank_bound(g: &TypedEGraph, top: usize, scale: f64) -> RankBound {
+/// `scale` multiplies the bound, `words` divides the largest tile a kernel holds: both 1.0
+/// but for the mutations the test catches.
+fn rank_bound(g: &TypedEGraph, top: usize, scale: f64, words: f64) -> RankBound {
     let dev = device("h100").unwrap();
     RankBound {
         top,
@@ -82,6 +85,7 @@ fn rank_bound(g: &TypedEGraph, top: usize, scale: f64) -> RankBound {
         latency_us: dev.dram_latency_s * 1e6,
         dram_bytes_per_us: dev.dram_bytes_per_s / 1e6,
         score: efopt::passes::extract::rank_scorer(&g.egraph.analysis.env, dev),
+        max_live_words: efopt::rank::model::max_live_words(dev) / words,
         scale,
     }
 }
@@ -101,7 +105,7 @@ fn exhaustive(g: &TypedEGraph, x: &ExtractGraph) -> Option<(Ranked, usize)> {
     if report.stop != ExtractStop::Exhausted {
         return None;
     }
-    let score = rank_bound(g, 1, 1.0).score;
+    let score = rank_bound(g, 1, 1.0, 1.0).score;
     let mut ranked: Ranked = report
         .candidates
         .iter()
@@ -115,10 +119,16 @@ fn exhaustive(g: &TypedEGraph, x: &ExtractGraph) -> Option<(Ranked, usize)> {
     Some((ranked, report.expanded))
 }
 
-fn bounded(g: &TypedEGraph, x: &ExtractGraph, top: usize, scale: f64) -> (Ranked, usize) {
+fn bounded(
+    g: &TypedEGraph,
+    x: &ExtractGraph,
+    top: usize,
+    scale: f64,
+    words: f64,
+) -> (Ranked, usize) {
     let report = extractor(g)
         .with_time_limit(Duration::from_secs(600))
-        .with_rank_bound(Some(rank_bound(g, top, scale)))
+        .with_rank_bound(Some(rank_bound(g, top, scale, words)))
         .run(x);
     assert!(
         matches!(
@@ -196,6 +206,7 @@ fn graphs() -> Vec<(String, TypedEGraph)> {
 fn rank_bounded_extraction_returns_the_exhaustive_top_k_and_an_inadmissible_bound_is_caught() {
     let mut compared = 0;
     let mut caught = 0;
+    let mut caught_words = 0;
     println!(
         "{:<28} {:>3} {:>12} {:>12} {:>10}",
         "e-graph", "K", "exhaustive", "bounded", "candidates"
@@ -209,7 +220,7 @@ fn rank_bounded_extraction_returns_the_exhaustive_top_k_and_an_inadmissible_boun
             continue;
         };
         for k in [1, 10, 100] {
-            let (top, expanded) = bounded(&g, &x, k, 1.0);
+            let (top, expanded) = bounded(&g, &x, k, 1.0, 1.0);
             if let Some(d) = difference(&all, &top, k) {
                 panic!("{name}, K = {k}: {d}");
             }
@@ -220,13 +231,25 @@ fn rank_bounded_extraction_returns_the_exhaustive_top_k_and_an_inadmissible_boun
             compared += 1;
             // The same comparison catches a bound that over-estimates: scaled up, the search
             // stops before it has seen the best (where the best are not found first anyway).
-            let (wrong, _) = bounded(&g, &x, k, 3.0);
+            let (wrong, _) = bounded(&g, &x, k, 3.0, 1.0);
             if difference(&all, &wrong, k).is_some() {
                 caught += 1;
             }
+            // And pruning values a kernel could hold (the register limit divided by 64)
+            // loses candidates that have a legal schedule.
+            let (wrong, _) = bounded(&g, &x, k, 1.0, 64.0);
+            if difference(&all, &wrong, k).is_some() {
+                caught_words += 1;
+            }
         }
     }
-    println!("{compared} comparisons; an inadmissible bound (×3) caught in {caught}");
+    println!(
+        "{compared} comparisons; an inadmissible bound (×3) caught in {caught}, a tile limit 64× too small in {caught_words}"
+    );
     assert!(compared >= 30, "only {compared} comparisons");
     assert!(caught > 0, "no comparison caught the inadmissible bound");
+    assert!(
+        caught_words > 0,
+        "no comparison caught the wrong tile limit"
+    );
 }

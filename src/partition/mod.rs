@@ -44,16 +44,26 @@ pub fn type_bytes(t: Option<&Type>, bindings: &[Binding]) -> f64 {
     }
     let mut n = t.dtype.size_bytes() as f64;
     for d in &t.shape {
-        n *= match &d.base {
-            DimBase::Lit(v) => *v as f64,
-            DimBase::Sym(s) => bindings
+        match dim_size(&d.base, bindings) {
+            Some(v) => n *= v,
+            None => return 0.0,
+        }
+    }
+    n
+}
+
+/// Elements along a dimension (a size not bound counts 1); `None` for a collection's extent.
+pub fn dim_size(d: &DimBase, bindings: &[Binding]) -> Option<f64> {
+    match d {
+        DimBase::Lit(v) => Some(*v as f64),
+        DimBase::Sym(s) => Some(
+            bindings
                 .iter()
                 .find(|b| b.name == s.as_str())
                 .map_or(1.0, |b| b.value as f64),
-            DimBase::Extent(_) => return 0.0,
-        };
+        ),
+        DimBase::Extent(_) => None,
     }
-    n
 }
 
 /// Whether a node is a leaf.

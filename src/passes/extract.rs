@@ -398,6 +398,7 @@ impl ExtractPass {
             latency_us: dev.dram_latency_s * 1e6,
             dram_bytes_per_us: dev.dram_bytes_per_s / 1e6,
             score: rank_scorer(env, dev),
+            max_live_words: crate::rank::model::max_live_words(dev),
             scale: 1.0,
         }))
     }
@@ -568,6 +569,7 @@ impl Pass for ExtractPass {
                 row.insert("output".into(), 0.into());
                 per_graph.push(serde_json::Value::Object(row));
                 let help = match report.stop {
+                    crate::egraph::extract::ExtractStop::Exhausted if report.first_too_large.is_some() && report.complete == 0 => format!("every program computes a tile larger than any schedule holds in registers ({} partial programs pruned; the first: {}): a rule that splits its large dimensions would make one", report.too_large_value, report.first_too_large.as_deref().unwrap_or("")),
                     crate::egraph::extract::ExtractStop::Exhausted => "every complete program was refused (no launch order, not lowerable, over max-kernels, with a pointwise kernel under pointwise-kernels=drop, or a fused result nobody reads; counters in --stats=json)".to_string(),
                     _ => "raise the limit that stopped the search".to_string(),
                 };
@@ -819,6 +821,7 @@ fn search_counters(
         "forced_picks": report.forced,
         "pruned_equivalent": report.equivalent,
         "pruned_over_bound": report.over_bound,
+        "pruned_too_large_value": report.too_large_value,
         "pruned_no_launch_order": report.no_launch_order,
         "rejected_not_lowerable": report.not_lowerable,
         "pruned_unlowerable_enodes": report.unlowerable_enodes,

@@ -47,6 +47,38 @@ pub const RESERVED_REGS: u64 = 32;
 pub const NUM_WARPS: [u64; 5] = [4, 8, 2, 16, 1];
 pub const NUM_STAGES: [u64; 5] = [3, 2, 4, 1, 5];
 
+/// Registers a thread needs to keep `words` 32-bit values live over `warps` warps, as
+/// allocated (in units of 8), plus [`RESERVED_REGS`]; `None` above the per-thread limit.
+pub fn registers(words: f64, warps: u64, dev: &Device) -> Option<u64> {
+    let regs = (words / (32 * warps) as f64).ceil() as u64 + RESERVED_REGS;
+    (regs <= dev.max_regs_per_thread).then(|| regs.div_ceil(8) * 8)
+}
+
+/// The most 32-bit values a kernel can keep live under some warps of [`NUM_WARPS`]: per
+/// thread within the register limit, one block's registers within an SM's, and no block over
+/// [`MAX_NUMEL`]. A kernel holding more has no legal schedule (`eval_at`), whatever its
+/// blocks: rank-bounded extraction prunes programs with such a value.
+pub fn max_live_words(dev: &Device) -> f64 {
+    let fits = |words: u64, w: u64| {
+        registers(words as f64, w, dev).is_some_and(|r| r * 32 * w <= dev.regs_per_sm)
+            && w <= dev.max_warps_per_sm
+    };
+    let most = NUM_WARPS
+        .iter()
+        .map(|&w| {
+            // Words fit iff ceil(words / threads) fits: the largest such multiple of threads.
+            let threads = 32 * w;
+            let per_thread = (0..=dev.max_regs_per_thread)
+                .rev()
+                .find(|r| fits(r * threads, w))
+                .unwrap_or(0);
+            per_thread * threads
+        })
+        .max()
+        .unwrap_or(0);
+    (most as f64).min(MAX_NUMEL)
+}
+
 /// The resources a kernel is bound by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -445,13 +477,7 @@ impl<'p> FunctionModel<'p> {
             if smem > dev.smem_per_block as f64 {
                 return None;
             }
-            let threads = (32 * warps) as f64;
-            let regs = ((k.state_words + k.largest_value) / threads).ceil() as u64 + RESERVED_REGS;
-            if regs > dev.max_regs_per_thread {
-                return None;
-            }
-            // Registers are allocated in units of 8 per thread.
-            let regs = regs.div_ceil(8) * 8;
+            let regs = registers(k.state_words + k.largest_value, warps, dev)?;
             let by_smem = if smem > 0.0 {
                 (dev.smem_per_sm as f64 / smem).floor() as u64
             } else {
@@ -1039,5 +1065,28 @@ pub fn product_unit(a: &TensorType, b: &TensorType, whole: &BTreeSet<String>) ->
         Unit::TensorBf16
     } else {
         Unit::TensorTf32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// At the limit some warps hold the values (registers a thread and an SM's registers
+    /// for one block); one value more, none does.
+    #[test]
+    fn max_live_words_is_the_register_limit() {
+        for dev in crate::rank::device::devices() {
+            let fits = |words: f64| {
+                NUM_WARPS.iter().any(|&w| {
+                    registers(words, w, dev).is_some_and(|r| r * 32 * w <= dev.regs_per_sm)
+                        && w <= dev.max_warps_per_sm
+                })
+            };
+            let most = max_live_words(dev);
+            assert!(most > 1024.0, "{}: {most}", dev.name);
+            assert!(fits(most), "{}: {most}", dev.name);
+            assert!(!fits(most + 1.0), "{}: {most}", dev.name);
+        }
     }
 }

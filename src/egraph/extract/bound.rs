@@ -16,10 +16,14 @@
 //! - K ≥ `kernel_lower_bound` (at least 1);
 //! - DRAM ≥ the results' bytes (each is stored by some kernel), plus the bytes of the inputs
 //!   every completion reads ([`BoundModel::required_inputs`]; none when the e-graph has a
-//!   `slice` or a `select`, as a sliced read or a loop that skips masked tiles may load part
-//!   of a buffer), plus the bytes of each tensor-level value the program already stores (a
+//!   `slice` or a `select` on positions, as a sliced read or a loop that skips masked tiles
+//!   may load part of a buffer), plus the bytes of each tensor-level value the program already stores (a
 //!   value a kernel computes or a tiled region combines, read by another operator: written
 //!   once, whole).
+//!
+//! Apart from the bound, a partial program is pruned when a resolved tile value is larger
+//! than any kernel holds ([`BoundModel::too_large_value`]): such a program has no legal
+//! schedule, so it is never among the ranked best.
 //!
 //! Every term only grows as holes are resolved, so a program pruned on its parent's bound
 //! would be pruned on its own. `tests/rank_bounded.rs` checks exactness against
@@ -50,6 +54,10 @@ pub struct RankBound {
     pub latency_us: f64,
     pub dram_bytes_per_us: f64,
     pub score: Scorer,
+    /// The most 32-bit values a kernel can keep live under any schedule
+    /// (`rank::model::max_live_words`): a program computing a larger tile has no legal
+    /// schedule, and is pruned.
+    pub max_live_words: f64,
     /// Multiplies every bound (1.0). Only tests set another, to show that an inadmissible
     /// bound is caught.
     pub scale: f64,
@@ -61,6 +69,10 @@ pub(super) struct BoundModel {
     class_bytes: Vec<f64>,
     /// Bytes every complete program moves: the results and the inputs all of them read.
     floor_bytes: f64,
+    /// For each tiled class, the fewest elements its value holds under any blocks: its
+    /// dimensions no parallel axis splits, each padded to a power of two as the backend
+    /// pads them (a split dimension counts 1).
+    value_words: Vec<f64>,
 }
 
 impl BoundModel {
@@ -83,11 +95,7 @@ impl BoundModel {
             .filter(|r| !x.input[**r as usize])
             .map(|r| class_bytes[*r as usize])
             .sum();
-        let partial_reads = x
-            .nodes
-            .iter()
-            .flatten()
-            .any(|(n, _)| matches!(n.op, Op::Slice(..) | Op::Select));
+        let partial_reads = Self::partial_reads(x);
         if !partial_reads {
             let inputs = Self::required_inputs(x, &roots);
             for (c, ns) in x.nodes.iter().enumerate() {
@@ -100,10 +108,120 @@ impl BoundModel {
                 }
             }
         }
+        let value_words = (0..x.ids.len())
+            .map(|c| {
+                if !class_tiled(x, c as u32) {
+                    return 0.0;
+                }
+                let t = x.g.egraph[x.ids[c]].data.as_ref();
+                let Ok((fields, _)) = crate::lower::walk::field_types(t) else {
+                    return 0.0;
+                };
+                let none = std::collections::BTreeSet::new();
+                fields
+                    .iter()
+                    .map(|t| {
+                        crate::lower::walk::blocks(t, &none)
+                            .iter()
+                            .map(|b| match b {
+                                crate::lower::walk::Block::Whole(d) => {
+                                    let n = crate::partition::dim_size(d, bindings).unwrap_or(1.0);
+                                    (n.max(1.0) as u64).next_power_of_two() as f64
+                                }
+                                _ => 1.0,
+                            })
+                            .product::<f64>()
+                    })
+                    .fold(0.0, f64::max)
+            })
+            .collect();
         BoundModel {
             class_bytes,
             floor_bytes: floor,
+            value_words,
         }
+    }
+
+    /// A resolved tiled class whose value no kernel can hold (`RankBound::max_live_words`):
+    /// no completion has a legal schedule. The values counted are those the rank model
+    /// holds: a tile a picked operator computes, and a tile it reads through a chain of
+    /// loads (`partition`, `replicate`, `transpose`, `reshape`: as many elements as the
+    /// tile loaded; a `broadcast` may hold fewer, so it is not judged).
+    pub(super) fn too_large_value(
+        &self,
+        rb: &RankBound,
+        x: &ExtractGraph,
+        choice: &Choice,
+        met: &[u32],
+    ) -> Option<u32> {
+        let too_large =
+            |c: u32| self.value_words[c as usize] > rb.max_live_words && !x.constant[c as usize];
+        for &c in met {
+            let p = choice[c as usize];
+            if p == NONE {
+                continue;
+            }
+            let (node, kids) = &x.nodes[c as usize][p as usize];
+            let computes = matches!(
+                node.op,
+                Op::Unary(_)
+                    | Op::Binary(_)
+                    | Op::Select
+                    | Op::Cast(_)
+                    | Op::TileMatMul(_)
+                    | Op::ReduceAxis { .. }
+            );
+            if !computes || !class_tiled(x, c) {
+                continue;
+            }
+            if too_large(c) {
+                return Some(c);
+            }
+            for &k in kids {
+                let kp = choice[k as usize];
+                if kp == NONE {
+                    continue;
+                }
+                let loaded = matches!(
+                    x.nodes[k as usize][kp as usize].0.op,
+                    Op::Partition(..) | Op::Replicate(_) | Op::Transpose(_) | Op::Reshape(_)
+                );
+                if loaded && too_large(k) {
+                    return Some(k);
+                }
+            }
+        }
+        None
+    }
+
+    /// Whether some program may read part of a buffer: a `slice`, or a `select` whose
+    /// condition may depend on positions (an `iota`), which a fold loop may turn into
+    /// skipped tiles (`lower::mask`: a mask is a formula of `iota` indices). A select on
+    /// values alone (a repair's `select(v == -inf, 0, v)`) skips nothing.
+    fn partial_reads(x: &ExtractGraph) -> bool {
+        let mut positional = vec![false; x.ids.len()];
+        loop {
+            let mut changed = false;
+            for (c, ns) in x.nodes.iter().enumerate() {
+                if positional[c] {
+                    continue;
+                }
+                if ns.iter().any(|(n, kids)| {
+                    matches!(n.op, Op::Iota(..)) || kids.iter().any(|k| positional[*k as usize])
+                }) {
+                    positional[c] = true;
+                    changed = true;
+                }
+            }
+            if !changed {
+                break;
+            }
+        }
+        x.nodes.iter().flatten().any(|(n, kids)| match n.op {
+            Op::Slice(..) => true,
+            Op::Select => kids.first().is_some_and(|k| positional[*k as usize]),
+            _ => false,
+        })
     }
 
     /// The inputs (a bitset by argument position) that every program of the roots reads: the

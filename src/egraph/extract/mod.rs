@@ -210,6 +210,11 @@ pub struct ExtractReport {
     /// Programs pruned by rank-bounded extraction: their bound is above the `top`-th best
     /// estimate found.
     pub over_bound: usize,
+    /// Partial programs pruned by rank-bounded extraction because they compute a tile
+    /// larger than any kernel holds (`rank::model::max_live_words`): no schedule is legal.
+    pub too_large_value: usize,
+    /// The first such value, described.
+    pub first_too_large: Option<String>,
     /// Complete programs the backend refused to lower (see `Extractor::lowerable`).
     pub not_lowerable: usize,
     /// The backend's reason for the first refusal.

@@ -53,6 +53,10 @@ struct Counts {
     forced: usize,
     /// Programs pruned by rank-bounded extraction's bound.
     over_bound: usize,
+    /// Programs pruned by rank-bounded extraction for a value no schedule holds, and the
+    /// first such value's class.
+    too_large_value: usize,
+    first_too_large: Option<u32>,
 }
 
 /// One run of the search: the worklist, the trail of picks, the seen-set, what complete
@@ -415,6 +419,11 @@ impl<'scope, 'env> Search<'scope, 'env> {
         // After the seen-set: a program pruned by its bound is still taken, as it is without
         // the bound, so that the programs ≈ₚ to it are pruned as they are without it.
         if let (Some(b), Some(rb), Some(_)) = (&self.bound, &self.ex.rank_bound, hole) {
+            if let Some(c) = b.too_large_value(rb, self.x, &self.s, &facts.met) {
+                self.n.too_large_value += 1;
+                self.n.first_too_large.get_or_insert(c);
+                return None;
+            }
             self.own_bound = b.bound(rb, self.x, &self.s, facts, &mut self.stored);
             if self.over_bound(self.own_bound) {
                 self.n.over_bound += 1;
@@ -1070,6 +1079,12 @@ impl<'scope, 'env> Search<'scope, 'env> {
             forced: n.forced,
             equivalent: n.equivalent + deferred.equivalent,
             over_bound: n.over_bound,
+            too_large_value: n.too_large_value,
+            first_too_large: n.first_too_large.map(|c| {
+                let ty = self.x.g.egraph[self.x.ids[c as usize]].data.as_ref();
+                let ty = ty.map_or_else(|| "?".to_string(), |t| t.to_string());
+                format!("a value of type {ty}")
+            }),
             not_lowerable,
             first_refusal,
             unlowerable_enodes: self.x.unlowerable,
