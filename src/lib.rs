@@ -40,4 +40,5 @@ pub mod parse;
 pub mod partition;
 pub mod passes;
 pub mod rank;
+pub mod tune;
 pub mod verify;

@@ -157,6 +157,17 @@ pub struct Schedule {
     pub block: BTreeMap<String, u64>,
     pub num_warps: u64,
     pub num_stages: u64,
+    /// Warps and stages of single kernels (by launch index) where they differ (`tune`);
+    /// block sizes are the function's, as they shape the buffers kernels share.
+    pub kernels: BTreeMap<usize, (u64, u64)>,
+}
+
+/// A per-kernel schedule entry `k<i>_num_warps` / `k<i>_num_stages`: (i, the parameter).
+pub fn per_kernel_entry(name: &str) -> Option<(usize, &str)> {
+    let rest = name.strip_prefix('k')?;
+    let (i, param) = rest.split_once('_')?;
+    let i: usize = i.parse().ok()?;
+    matches!(param, "num_warps" | "num_stages").then_some((i, param))
 }
 
 /// Block sizes past this make a tile of more elements than Triton allows per block in two
@@ -178,6 +189,7 @@ impl Schedule {
                 .collect(),
             num_warps: 4,
             num_stages: 2,
+            kernels: BTreeMap::new(),
         }
     }
 }
@@ -187,7 +199,17 @@ impl Schedule {
     /// what `lower` emits.
     pub fn of(plan: &KernelPlan) -> Schedule {
         let mut s = Schedule::default_for(plan);
+        let mut own: BTreeMap<usize, (Option<u64>, Option<u64>)> = BTreeMap::new();
         for e in plan.function.schedule.iter().flatten() {
+            if let Some((k, param)) = per_kernel_entry(&e.name) {
+                let slot = own.entry(k).or_default();
+                if param == "num_warps" {
+                    slot.0 = Some(e.value);
+                } else {
+                    slot.1 = Some(e.value);
+                }
+                continue;
+            }
             match e.name.as_str() {
                 "num_warps" => s.num_warps = e.value,
                 "num_stages" => s.num_stages = e.value,
@@ -198,6 +220,12 @@ impl Schedule {
                 }
             }
         }
+        for (k, (w, st)) in own {
+            if k < plan.kernels.len() {
+                s.kernels
+                    .insert(k, (w.unwrap_or(s.num_warps), st.unwrap_or(s.num_stages)));
+            }
+        }
         s
     }
 
@@ -206,6 +234,10 @@ impl Schedule {
         let mut v: Vec<(String, u64)> = self.block.iter().map(|(a, b)| (a.clone(), *b)).collect();
         v.push(("num_warps".into(), self.num_warps));
         v.push(("num_stages".into(), self.num_stages));
+        for (k, (w, s)) in &self.kernels {
+            v.push((format!("k{k}_num_warps"), *w));
+            v.push((format!("k{k}_num_stages"), *s));
+        }
         v
     }
 }

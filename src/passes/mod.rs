@@ -21,6 +21,7 @@ pub mod pipeline;
 pub mod rank;
 pub mod saturate;
 pub mod triton_check;
+pub mod tune;
 pub mod verify;
 
 use crate::diag::{Diagnostic, SourceMap};
@@ -122,6 +123,7 @@ pub fn registry() -> Vec<PassInfo> {
         PassInfo::of::<extract::ExtractPass>(),
         PassInfo::of::<expect_contains::ContainsPass>(),
         PassInfo::of::<rank::RankPass>(),
+        PassInfo::of::<tune::TunePass>(),
         PassInfo::of::<lower::LowerPass>(),
         PassInfo::of::<triton_check::TritonCheckPass>(),
     ]

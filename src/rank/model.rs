@@ -352,6 +352,7 @@ impl<'p> FunctionModel<'p> {
                 .collect(),
             num_warps: p.num_warps,
             num_stages: p.num_stages,
+            kernels: BTreeMap::new(),
         }
     }
 

@@ -199,7 +199,8 @@ fn verify_function(f: &mut Function, env: &TypeEnv, diags: &mut Vec<Diagnostic>)
 }
 
 /// A `schedule(…)`: block sizes of axes the function splits (powers of two up to 1024),
-/// `num_warps` (1, 2, 4, 8 or 16) and `num_stages` (1 to 8).
+/// `num_warps` (1, 2, 4, 8 or 16) and `num_stages` (1 to 8), the latter two also per kernel
+/// (`k1_num_warps`).
 fn schedule_entries(f: &Function, diags: &mut Vec<Diagnostic>) {
     let Some(entries) = &f.schedule else { return };
     let split: std::collections::BTreeSet<&str> = f
@@ -212,7 +213,10 @@ fn schedule_entries(f: &Function, diags: &mut Vec<Diagnostic>) {
         })
         .collect();
     for e in entries {
-        let (ok, expected) = match e.name.as_str() {
+        // `k<i>_num_warps`, `k<i>_num_stages`: kernel i's own (`tune`).
+        let name =
+            crate::lower::plan::per_kernel_entry(&e.name).map_or(e.name.as_str(), |(_, n)| n);
+        let (ok, expected) = match name {
             "num_warps" => (
                 matches!(e.value, 1 | 2 | 4 | 8 | 16),
                 "1, 2, 4, 8 or 16".to_string(),

@@ -70,8 +70,9 @@ pub fn emit_function(
         let kname = names.fresh(&format!("{fname}_k{ki}"));
         let (src, args, grid) = emit_kernel(&ctx, pk, &kname, &buffer)?;
         source.push_str(&src);
+        // `schedule["k<i>"]` may give kernel i its own warps and stages (`tune`).
         launches.push(format!(
-            "    {kname}[({grid},)]({}, num_warps=sched[\"num_warps\"], num_stages=sched[\"num_stages\"])\n",
+            "    {kname}[({grid},)]({}, num_warps=sched.get(\"k{ki}\", {{}}).get(\"num_warps\", sched[\"num_warps\"]), num_stages=sched.get(\"k{ki}\", {{}}).get(\"num_stages\", sched[\"num_stages\"]))\n",
             args.join(", ")
         ));
     }
@@ -83,7 +84,7 @@ pub fn emit_function(
     );
     let _ = writeln!(
         host,
-        "    \"\"\"Candidate `{}`: {} kernel(s). `schedule` overrides block sizes\n    (BLOCK_<axis>), num_warps and num_stages; `empty(shape, dtype_name, like)` allocates\n    (torch.empty by default).\"\"\"",
+        "    \"\"\"Candidate `{}`: {} kernel(s). `schedule` overrides block sizes\n    (BLOCK_<axis>), num_warps and num_stages (`\"k<i>\": {{\"num_warps\": …, \"num_stages\": …}}` for kernel i alone);\n    `empty(shape, dtype_name, like)` allocates (torch.empty by default).\"\"\"",
         f.name,
         g.kernels.len()
     );
@@ -98,6 +99,11 @@ pub fn emit_function(
         .collect();
     sched.push(format!("\"num_warps\": {}", schedule.num_warps));
     sched.push(format!("\"num_stages\": {}", schedule.num_stages));
+    for (k, (w, st)) in &schedule.kernels {
+        sched.push(format!(
+            "\"k{k}\": {{\"num_warps\": {w}, \"num_stages\": {st}}}"
+        ));
+    }
     let _ = writeln!(host, "    sched = {{{}}}", sched.join(", "));
     host.push_str("    sched.update(schedule or {})\n");
     // Sizes from the inputs' shapes; the `where` values otherwise.
