@@ -42,6 +42,14 @@ except ImportError:  # the tile filter and schedule helpers are tested on CPU wi
     torch = None
 
 
+def causal(q, k, v):
+    s = (q @ k.transpose(-1, -2)).float() * q.shape[-1] ** -0.5
+    n = s.shape[-1]
+    mask = torch.ones(n, n, dtype=torch.bool, device=s.device).tril()
+    p = torch.softmax(s.masked_fill(~mask, float("-inf")), -1)
+    return p.to(v.dtype) @ v if v.dtype != torch.float32 else p @ v
+
+
 def rmsnorm(x, gamma, eps=1e-6):
     x32 = x.float()
     return x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True) + eps) * gamma.float()
@@ -112,6 +120,22 @@ WORKLOADS = {
         reference=lambda x, g, b, w: layernorm(x, g, b) @ w.float(),
         eager=lambda x, g, b, w: layernorm(x, g, b).to(x.dtype) @ w,
     ),
+    "mha_decode": dict(
+        sizes=dict(B=16, NH=32, K=4096, D=128),
+        inputs=[("B NH 1 D", "bfloat16"), ("B NH K D", "bfloat16"), ("B NH K D", "bfloat16")],
+        reference=lambda q, k, v: torch.softmax(
+            q.float() @ k.float().transpose(-1, -2) * 128**-0.5, -1) @ v.float(),
+        eager=lambda q, k, v: torch.softmax(
+            (q @ k.transpose(-1, -2)).float() * 128**-0.5, -1).to(q.dtype) @ v,
+        sdpa="full",
+    ),
+    "mha_prefill": dict(
+        sizes=dict(B=16, NH=32, Q=1024, K=1024, D=128),
+        inputs=[("B NH Q D", "bfloat16"), ("B NH K D", "bfloat16"), ("B NH K D", "bfloat16")],
+        reference=lambda q, k, v: causal(q.float(), k.float(), v.float()),
+        eager=lambda q, k, v: causal(q, k, v),
+        sdpa="causal",
+    ),
     "ngpt": dict(
         sizes=dict(B=16, H=4096),
         inputs=[("BH", "bfloat16"), ("BH", "bfloat16"), ("BH", "bfloat16")],
@@ -128,7 +152,9 @@ L2_BYTES = 50 * 2**20
 def make_inputs(spec, generator, device):
     out = []
     for dims, dtype in spec["inputs"]:
-        shape = [spec["sizes"][d] for d in dims]
+        # "BH": one letter per dimension; "B NH 1 D": names (or literal sizes) apart.
+        names = dims.split() if " " in dims else list(dims)
+        shape = [int(d) if d.isdigit() else spec["sizes"][d] for d in names]
         t = torch.randn(shape, generator=generator, device=device, dtype=torch.float32)
         if len(dims) == 2 and dims[0] in "HK" and dims != "KD":
             t = t / math.sqrt(shape[0])  # weights: keep activations O(1)
@@ -284,13 +310,21 @@ def run_workload(name, paths, args, device):
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         def flash(xs):
-            q, k, v = (t[None, None] for t in xs)
+            if spec["sdpa"] is True:  # one head, scale 1/4
+                q, k, v = (t[None, None] for t in xs)
+                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                    return torch.nn.functional.scaled_dot_product_attention(
+                        q, k, v, scale=0.25)[0, 0]
+            q, k, v = xs
             with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=0.25)[0, 0]
+                return torch.nn.functional.scaled_dot_product_attention(
+                    q, k, v, is_causal=spec["sdpa"] == "causal")
 
         rows.append(record("sdpa-flash", flash, check=False))
         print(json.dumps(rows[-1]), flush=True)
 
+    if args.baselines_only:
+        return rows
     first = []
     for path in paths:
         variant = os.path.basename(path)[len(name) : -len(".py")].lstrip(".")
@@ -345,7 +379,16 @@ def main():
     parser.add_argument("--max-tile", type=int, default=256, help="largest whole-dimension tile")
     parser.add_argument("--json", default="")
     parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--baselines-only", action="store_true",
+                        help="time PyTorch only (eager, torch.compile, SDPA); DIR is not read")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                        help="override a size of every workload (B=1)")
     args = parser.parse_args()
+    for kv in args.set:
+        k, v = kv.split("=")
+        for spec in WORKLOADS.values():
+            if k in spec["sizes"]:
+                spec["sizes"][k] = int(v)
     torch.backends.cuda.matmul.allow_tf32 = False
     device = "cuda"
     names = [n for n in WORKLOADS if not args.only or n in args.only.split(",")]
@@ -357,7 +400,7 @@ def main():
     for name in names:
         paths = sorted(glob.glob(os.path.join(args.dir, f"{name}.py")))
         paths += sorted(glob.glob(os.path.join(args.dir, f"{name}.*.py")))
-        if not paths:
+        if not paths and not args.baselines_only:
             print(f"# {name}: no module in {args.dir}, skipped", flush=True)
             continue
         t0 = time.perf_counter()

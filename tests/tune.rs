@@ -396,3 +396,21 @@ fn tune_without_a_cuda_driver_is_an_error() {
         "{err}"
     );
 }
+
+/// The bench table (python/tune_table.py) joins tune's stats and PyTorch's times and takes
+/// the geometric means the targets are stated in.
+#[test]
+fn the_gpu_bench_table_is_computed_right() {
+    let python = root().join(".venv/bin/python");
+    assert!(python.exists(), "run scripts/setup-venv.sh first");
+    let out = Command::new(python)
+        .arg(root().join("python/test_tune_table.py"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -262,6 +262,7 @@ impl Pass for TunePass {
             .map(|f| (f.name.clone(), f))
             .collect();
         let mut out = Vec::new();
+        let simulated = self.opts.device == TuneDevice::Simulated;
         for (src, (members, log, described, names)) in &results {
             for (c, reason) in &log.wrong {
                 cx.diagnostics.push(Diagnostic::global(
@@ -290,12 +291,13 @@ impl Pass for TunePass {
                             );
                         }
                         format!(
-                            "// tune: {} of {}: {us:.2} us measured (median of {reps}) on {described}",
+                            "tune: {} of {}: {us:.2} us {} (median of {reps}) on {described}",
                             rank + 1,
-                            members.len()
+                            members.len(),
+                            if simulated { "simulated" } else { "measured" }
                         )
                     }
-                    None => "// tune: not measured within the budget (rank order)".to_string(),
+                    None => "tune: not measured within the budget (rank order)".to_string(),
                 };
                 f.comment = Some(match f.comment.take() {
                     Some(old) => format!("{line}\n{old}"),
