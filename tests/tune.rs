@@ -84,6 +84,10 @@ fn ranked(name: &str, text: Option<&str>, top: usize) -> efopt::ir::Module {
 
 struct Tuned {
     chosen: Option<(usize, f64)>,
+    /// Whether the chosen configuration gives some kernel its own warps or stages.
+    per_kernel: bool,
+    /// Measurements of per-kernel configurations.
+    per_kernel_rows: usize,
     /// The model's choice, untuned: the top-ranked candidate at its ranked schedule.
     ranked_first: f64,
     optimum: f64,
@@ -93,13 +97,26 @@ struct Tuned {
 }
 
 fn run(module: &mut efopt::ir::Module, seed: u64, wrong: &[usize], budget: f64) -> Tuned {
+    run_kernels(module, seed, wrong, budget, 1)
+}
+
+/// `run` on the candidates of at least `min_kernels` kernels.
+fn run_kernels(
+    module: &mut efopt::ir::Module,
+    seed: u64,
+    wrong: &[usize],
+    budget: f64,
+    min_kernels: usize,
+) -> Tuned {
     let dev = device("h100").unwrap();
     let info = efopt::verify::verify_module(module).expect("verifies");
     let plans: Vec<KernelPlan> = module
         .funcs
         .iter()
         .filter_map(|f| efopt::lower::plan(&info, f).ok())
+        .filter(|p| p.kernels.len() >= min_kernels)
         .collect();
+    assert!(!plans.is_empty(), "no candidate of {min_kernels} kernels");
     let models: Vec<FunctionModel> = plans.iter().map(|p| FunctionModel::new(p, dev)).collect();
     let spaces: Vec<Space> = models.iter().map(|m| Space::new(m, dev)).collect();
     let mut starts = Vec::new();
@@ -154,6 +171,8 @@ fn run(module: &mut efopt::ir::Module, seed: u64, wrong: &[usize], budget: f64) 
         .collect();
     Tuned {
         chosen,
+        per_kernel: log.chosen().is_some_and(|(c, _)| c.per_kernel()),
+        per_kernel_rows: log.rows.iter().filter(|r| !r.kernels.is_empty()).count(),
         ranked_first,
         optimum,
         wrong_chosen,
@@ -234,6 +253,27 @@ fn simulated_tuning_finds_the_optimum_within_the_budget_and_never_picks_a_wrong_
         untuned_worse * 2 > total,
         "the simulation rarely needs tuning: the test would not tell"
     );
+}
+
+/// Multi-kernel candidates: after successive halving, each kernel's warps and stages are
+/// tuned alone (measured, so validated, as whole programs); the result is at least as fast as
+/// the best function-wide schedule.
+#[test]
+fn kernels_are_tuned_one_at_a_time() {
+    let mut m = ranked("rmsnorm_mlp", None, 40);
+    let mut refined = 0;
+    for seed in [1u64, 2, 3] {
+        let t = run_kernels(&mut m, seed, &[], 60.0, 2);
+        let (_, got) = t.chosen.expect("a configuration is chosen");
+        println!(
+            "seed {seed}: optimum {:.3}, chosen {got:.3}, per-kernel rows {}, per-kernel choice {}",
+            t.optimum, t.per_kernel_rows, t.per_kernel
+        );
+        assert!(t.per_kernel_rows > 0, "no kernel was tuned alone");
+        assert!(got <= t.optimum * 1.03, "{got} vs {}", t.optimum);
+        refined += usize::from(t.per_kernel);
+    }
+    println!("{refined} of 3 chose per-kernel warps or stages");
 }
 
 #[test]

@@ -365,13 +365,17 @@ impl TunePass {
         std::fs::create_dir_all(&dir).map_err(|e| fail(format!("{}: {e}", dir.display())))?;
         let module_path = dir.join("cands.py");
         std::fs::write(&module_path, source).map_err(|e| fail(e.to_string()))?;
-        // The workload: seeded inputs, and the reference outputs of the first candidate (all
-        // compute the source function) at the function's own sizes.
-        let f = group[0].function;
+        // The workload: seeded inputs, and the reference outputs at the function's own sizes:
+        // of the source function where the pipeline started from it (tensor-level, the
+        // fastest to interpret), else of the first candidate (all compute the same).
+        let (f, reference_module) = match cx.original.funcs.iter().find(|g| g.name == src) {
+            Some(g) => (g, cx.original),
+            None => (group[0].function, module),
+        };
         let sizes = crate::interp::Sizes::for_function(f, 4);
         let inputs = crate::interp::random_inputs(f, &sizes, cx.seed, 1.0)
             .map_err(|e| vec![e.into_diagnostic()])?;
-        let outputs = crate::interp::Interpreter::new(module, sizes)
+        let outputs = crate::interp::Interpreter::new(reference_module, sizes)
             .run(f, &inputs)
             .map_err(|e| vec![e.into_diagnostic()])?;
         let mut ins = Vec::new();
@@ -403,9 +407,7 @@ impl TunePass {
             })
             .collect();
         let target = match self.opts.target {
-            TuneTarget::Auto => {
-                crate::tune::cuda::compute_target(self.opts.gpu).map_err(|m| fail(m))?
-            }
+            TuneTarget::Auto => crate::tune::cuda::compute_target(self.opts.gpu).map_err(&fail)?,
             t => t.word().to_string(),
         };
         CudaDevice::open(

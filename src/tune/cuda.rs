@@ -334,7 +334,8 @@ impl CudaDevice {
                     data: decode(&host, &spec.dtype),
                 };
                 let err = crate::interp::reference_error(&got, want);
-                if !(err <= 0.01) {
+                // NaN fails too.
+                if err.is_nan() || err > 0.01 {
                     return Ok(Outcome::Wrong(format!(
                         "output {i}: relative L2 error {err:.3e} against the reference interpreter (at most 0.01)"
                     )));

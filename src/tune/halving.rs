@@ -20,6 +20,10 @@ use crate::interp::Rng;
 use crate::rank::model::{Point, NUM_STAGES, NUM_WARPS};
 use std::collections::{BTreeMap, BTreeSet};
 
+/// The share of the budget successive halving leaves for tuning kernels one at a time, when
+/// some candidate has several.
+pub const PER_KERNEL_SHARE: f64 = 0.15;
+
 #[derive(Clone, Debug)]
 pub struct TuneSettings {
     /// Seconds of measurement (compilation included) before the search stops.
@@ -219,6 +223,12 @@ pub fn tune(
             }
         }
     }
+    // With multi-kernel candidates, a share of the budget stays for their kernels.
+    let halving_budget = if spaces.iter().any(|sp| sp.kernels() > 1) {
+        s.budget * (1.0 - PER_KERNEL_SHARE)
+    } else {
+        s.budget
+    };
     let eta = s.eta.max(2) as usize;
     let mut repeats = s.repeats.max(1);
     let mut stop = String::from("rounds done");
@@ -235,7 +245,7 @@ pub fn tune(
             if search.log.wrong.contains_key(&c.candidate) || search.failed.contains(c) {
                 continue;
             }
-            if search.over_budget() {
+            if search.dev.spent() >= halving_budget {
                 stop = format!("budget ({} s) spent", s.budget);
                 search.log.rounds = round + 1;
                 break 'rounds;
