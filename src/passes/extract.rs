@@ -503,7 +503,37 @@ impl Pass for ExtractPass {
                     );
                 }));
             }
-            let report = extractor.run(&x);
+            // A rank-bounded search that finds nothing with a legal schedule in a third of its
+            // time in the default order (most constrained hole first, which can dive into
+            // programs holding whole large tiles: differential attention) searches the rest
+            // in walk order.
+            let retry = extractor.rank_bound.is_some()
+                && extractor.hole_order == HoleOrder::FewestNodes
+                && limit > Duration::from_secs(3);
+            if retry {
+                extractor = extractor.with_unranked_after(Some(limit / 3));
+            }
+            let started = Instant::now();
+            let mut report = extractor.run(&x);
+            if let crate::egraph::extract::ExtractStop::NothingRanked(s) = report.stop {
+                cx.diagnostics.push(Diagnostic::global(
+                    Severity::Remark,
+                    format!(
+                        "extract @{}: no candidate with a legal schedule after {s:.1} s ({} states, most constrained hole first): searching in walk order for the rest of the time",
+                        g.name, report.expanded
+                    ),
+                ));
+                crate::release_free_memory();
+                report = extractor
+                    .clone()
+                    .with_unranked_after(None)
+                    .with_hole_order(HoleOrder::Walk)
+                    .with_time_limit(Duration::from_secs_f64(
+                        (limit.saturating_sub(started.elapsed()).as_secs_f64() * 10.0).round()
+                            / 10.0,
+                    ))
+                    .run(&x);
+            }
             // The search's seen-set and worklist are gone: what the output may use is measured
             // from what is live now.
             crate::release_free_memory();

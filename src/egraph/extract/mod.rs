@@ -119,6 +119,9 @@ pub enum ExtractStop {
     /// Rank-bounded extraction ended with every program expanded or pruned by its bound and
     /// this many ranked candidates: they are the best by the rank model.
     TopFound(usize),
+    /// Rank-bounded extraction had no complete program with a legal schedule after this many
+    /// seconds (`Extractor::unranked_after`).
+    NothingRanked(f64),
 }
 
 impl std::fmt::Display for ExtractStop {
@@ -129,6 +132,9 @@ impl std::fmt::Display for ExtractStop {
             ExtractStop::TimeLimit(s) => write!(f, "time limit ({s} s) reached"),
             ExtractStop::MemoryLimit(m) => write!(f, "memory limit ({m} MiB) reached"),
             ExtractStop::TopFound(k) => write!(f, "top {k} found"),
+            ExtractStop::NothingRanked(s) => {
+                write!(f, "no candidate with a legal schedule after {s} s")
+            }
         }
     }
 }
@@ -331,6 +337,10 @@ pub struct Extractor {
     /// the lowering worker) and a partial program whose admissible bound of that estimate is
     /// above the `top`-th best found is pruned; the output is the best `top`.
     pub rank_bound: Option<RankBound>,
+    /// Rank-bounded extraction only: stop (`ExtractStop::NothingRanked`) when no complete
+    /// program has had a legal schedule after this long, so that the caller can search
+    /// another way (`extract` switches to walk order).
+    pub unranked_after: Option<Duration>,
     /// Check a child for dead components and for computing a value twice where its new picks
     /// decide it, before it is pushed, so that it is never walked (`computes_twice_directly`,
     /// `unreachable_from_holes`): the same states pruned earlier. On by default; off only to
@@ -402,6 +412,7 @@ impl Default for Extractor {
             no_pointwise_kernels: false,
             background_lowering: true,
             rank_bound: None,
+            unranked_after: None,
         }
     }
 }
@@ -419,6 +430,11 @@ impl Extractor {
 
     pub fn with_max_candidates(mut self, n: usize) -> Self {
         self.max_candidates = n;
+        self
+    }
+
+    pub fn with_unranked_after(mut self, d: Option<Duration>) -> Self {
+        self.unranked_after = d;
         self
     }
 

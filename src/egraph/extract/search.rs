@@ -305,6 +305,11 @@ impl<'scope, 'env> Search<'scope, 'env> {
         if elapsed > self.ex.time_limit {
             return Some(ExtractStop::TimeLimit(self.ex.time_limit.as_secs_f64()));
         }
+        if let Some(t) = self.ex.unranked_after.filter(|t| elapsed > *t) {
+            if self.ex.rank_bound.is_some() && self.out.best.is_empty() {
+                return Some(ExtractStop::NothingRanked(t.as_secs_f64()));
+            }
+        }
         // Reading the resident size costs microseconds: once every 4,096 programs.
         // The tables whose next doubling may come before the next look count as
         // grown already, so the search stops before such a growth passes the limit.
