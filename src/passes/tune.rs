@@ -59,6 +59,9 @@ pub struct TuneOptions {
     pub model: DeviceChoice,
     pub target: TuneTarget,
     pub python: Option<String>,
+    /// With `device=simulated`: the candidate (1-based, in rank order; 0: none) whose
+    /// outputs the simulation makes wrong.
+    pub simulate_wrong: usize,
 }
 
 impl Default for TuneOptions {
@@ -73,6 +76,7 @@ impl Default for TuneOptions {
             model: DeviceChoice::H100,
             target: TuneTarget::Auto,
             python: None,
+            simulate_wrong: 0,
         }
     }
 }
@@ -93,6 +97,8 @@ pass_options!(TuneOptions {
         "the compile target (`auto`: the GPU's compute capability)";
     "python" => python: OptionKind::Path,
         "Python with Triton for python/efopt_cuda.py (default: $EFOPT_PYTHON, else the checkout's .venv/bin/python)";
+    "simulate-wrong" => simulate_wrong: OptionKind::Int,
+        "with device=simulated: the candidate (1-based, rank order) whose outputs the simulation makes wrong (0: none)";
 });
 
 pub struct TunePass {
@@ -199,6 +205,9 @@ impl Pass for TunePass {
             let (log, described) = match self.opts.device {
                 TuneDevice::Simulated => {
                     let mut sim = Simulated::new(&spaces, settings.seed);
+                    if (1..=spaces.len()).contains(&self.opts.simulate_wrong) {
+                        sim.wrong.insert(self.opts.simulate_wrong - 1);
+                    }
                     let log = tune(&spaces, &starts, &estimates, &mut sim, &settings);
                     (log, sim.describe())
                 }
@@ -269,6 +278,7 @@ impl Pass for TunePass {
                     Severity::Warning,
                     format!("tune @{src}: `{}` dropped: {reason}", names[*c]),
                 ));
+                by_name.remove(&plan_names[members[*c]]);
             }
             let mut order = log.order();
             for i in 0..members.len() {
