@@ -24,8 +24,8 @@ the target (no GPU needed: `triton.compile(ASTSource(...), target=GPUTarget(...)
 The host function runs with placeholder tensors: `empty` hands out buffer ids, and each
 kernel launch is recorded (its grid, its non-constexpr arguments in order) instead of run.
 `params` is the parameter list of the compiled kernel's PTX entry: Triton's launch ABI is the
-non-constexpr arguments, then the scratch pointers `scratch` names (Triton 3.6: a global and a
-profile scratch pointer; 3.2: none).
+non-constexpr arguments, then the scratch pointers `scratch` names (Triton 3.6, the pinned
+one: a global and a profile scratch pointer; before 3.3: none).
 
 Compiled kernels are cached in `cache` by a hash of the kernel's source, signature,
 constants, attributes, options, target and Triton version: a schedule compiles once per

@@ -14,6 +14,7 @@ named GPU targets with `triton.compile`, which needs no GPU. One JSON line per r
 standard output.
 """
 
+import gc
 import importlib.util
 import json
 import os
@@ -231,6 +232,10 @@ def compile_all(manifest, base):
 
 
 def main(manifest_path):
+    # Triton 3.6's interpreter, on these numpy-backed tensors, reads stale memory once the
+    # cyclic garbage collector has run (wrong outputs that change from run to run, and
+    # segfaults): the collector stays off in this short-lived process.
+    gc.disable()
     with open(manifest_path) as f:
         manifest = json.load(f)
     base = os.path.dirname(os.path.abspath(manifest_path))
