@@ -78,7 +78,7 @@ impl NamedPass for RankPass {
 }
 
 /// The source function a candidate was extracted from: `f` for `f.c12`, else itself.
-fn source_of(name: &str) -> &str {
+pub(crate) fn source_of(name: &str) -> &str {
     match name.rsplit_once(".c") {
         Some((src, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => src,
         _ => name,

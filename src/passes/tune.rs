@@ -9,7 +9,7 @@
 
 use super::lower::planned;
 use super::options::{choice, pass_options, OptionKind, OptionSpans, Seconds};
-use super::rank::DeviceChoice;
+use super::rank::{source_of, DeviceChoice};
 use super::{NamedPass, Pass, PassContext};
 use crate::diag::{Diagnostic, Severity};
 use crate::ir::{Function, Module, ScheduleEntry};
@@ -115,14 +115,6 @@ impl NamedPass for TunePass {
 
     fn with_options(options: TuneOptions, _: OptionSpans) -> TunePass {
         TunePass { opts: options }
-    }
-}
-
-/// The source function a candidate was extracted from: `f` for `f.c12`, else itself.
-fn source_of(name: &str) -> &str {
-    match name.rsplit_once(".c") {
-        Some((src, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => src,
-        _ => name,
     }
 }
 

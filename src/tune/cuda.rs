@@ -144,17 +144,23 @@ impl CudaDevice {
         })
     }
 
-    fn plan(&mut self, c: &Config) -> Result<LaunchPlan, String> {
-        if let Some(p) = self.plans.get(c) {
-            return p.clone();
-        }
+    /// What the compile helper is asked for `c`: the candidate, its inputs' shapes and
+    /// dtypes, and the schedule.
+    fn request(&self, c: &Config) -> (&CandidateSpec, Vec<(Vec<u64>, String)>, serde_json::Value) {
         let spec = &self.candidates[c.candidate];
-        let inputs: Vec<(Vec<u64>, String)> = self.workloads[spec.workload]
+        let inputs = self.workloads[spec.workload]
             .inputs
             .iter()
             .map(|(t, d)| (t.shape.iter().map(|s| *s as u64).collect(), d.clone()))
             .collect();
-        let schedule = super::launch::schedule_json(&spec.axes, c);
+        (spec, inputs, super::launch::schedule_json(&spec.axes, c))
+    }
+
+    fn plan(&mut self, c: &Config) -> Result<LaunchPlan, String> {
+        if let Some(p) = self.plans.get(c) {
+            return p.clone();
+        }
+        let (spec, inputs, schedule) = self.request(c);
         let p = self
             .helper
             .plan(&spec.module, &spec.host, &schedule, &inputs, &self.dir);
@@ -395,13 +401,7 @@ impl Measure for CudaDevice {
                     .iter()
                     .enumerate()
                     .map(|(k, c)| {
-                        let spec = &self.candidates[c.candidate];
-                        let inputs: Vec<(Vec<u64>, String)> = self.workloads[spec.workload]
-                            .inputs
-                            .iter()
-                            .map(|(t, d)| (t.shape.iter().map(|s| *s as u64).collect(), d.clone()))
-                            .collect();
-                        let schedule = super::launch::schedule_json(&spec.axes, c);
+                        let (spec, inputs, schedule) = self.request(c);
                         let (helper, dir) = (&self.helper, &self.dir);
                         // Each request its own directory.
                         let unique = dir.join(format!("req{}", self.requests + k));
