@@ -232,6 +232,10 @@ pub fn tune(
     let eta = s.eta.max(2) as usize;
     let mut repeats = s.repeats.max(1);
     let mut stop = String::from("rounds done");
+    if pop.is_empty() {
+        search.log.stop = "no candidate has a legal schedule under the rank model".into();
+        return search.log;
+    }
     let mut round = 0;
     'rounds: while round < s.rounds.max(1) {
         let mut results: Vec<(f64, Config)> = Vec::new();
