@@ -25,7 +25,7 @@ The host function runs with placeholder tensors: `empty` hands out buffer ids, a
 kernel launch is recorded (its grid, its non-constexpr arguments in order) instead of run.
 `params` is the parameter list of the compiled kernel's PTX entry: Triton's launch ABI is the
 non-constexpr arguments, then the scratch pointers `scratch` names (Triton 3.6, the pinned
-one: a global and a profile scratch pointer; before 3.3: none).
+one: a global and a profile scratch pointer).
 
 Compiled kernels are cached in `cache` by a hash of the kernel's source, signature,
 constants, attributes, options, target and Triton version: a schedule compiles once per
@@ -140,11 +140,8 @@ class Recorder:
                 meta = json.load(f)
             meta.update(cubin=cubin_path, cached=True)
             return meta
-        # Triton before 3.3 takes divisibility hints in another form: none are given there.
-        modern = tuple(int(x) for x in triton.__version__.split(".")[:2]) >= (3, 3)
-        source_ast = (ASTSource(kernel, signature, constants, attrs) if modern
-                      else ASTSource(kernel, signature, constants))
-        compiled = triton.compile(source_ast, target=self.target, options=options)
+        compiled = triton.compile(ASTSource(kernel, signature, constants, attrs),
+                                  target=self.target, options=options)
         md = compiled.metadata
         meta = {
             "function": md.name,

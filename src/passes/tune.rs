@@ -118,14 +118,21 @@ impl NamedPass for TunePass {
     }
 }
 
-fn schedule_text(model: &FunctionModel, c: &Config) -> String {
+/// The schedule of a configuration: the function's blocks, warps and stages, and each kernel's
+/// own warps and stages where they differ.
+fn tuned_schedule(model: &FunctionModel, c: &Config) -> crate::lower::plan::Schedule {
     let mut s = model.schedule(&c.point);
     for (k, ws) in c.kernels.iter().enumerate() {
         if *ws != (c.point.num_warps, c.point.num_stages) {
             s.kernels.insert(k, *ws);
         }
     }
-    s.entries()
+    s
+}
+
+fn schedule_text(model: &FunctionModel, c: &Config) -> String {
+    tuned_schedule(model, c)
+        .entries()
         .into_iter()
         .map(|(n, v)| format!("{n}={v}"))
         .collect::<Vec<_>>()
@@ -223,13 +230,7 @@ impl Pass for TunePass {
             // Per-kernel schedules as IR entries, by candidate.
             let mut entries: Vec<Vec<(String, u64)>> = vec![Vec::new(); group.len()];
             for (i, b) in &log.best {
-                let mut s = models[*i].schedule(&b.0.point);
-                for (k, ws) in b.0.kernels.iter().enumerate() {
-                    if *ws != (b.0.point.num_warps, b.0.point.num_stages) {
-                        s.kernels.insert(k, *ws);
-                    }
-                }
-                entries[*i] = s.entries();
+                entries[*i] = tuned_schedule(&models[*i], &b.0).entries();
             }
             cx.report.push(match log.chosen() {
                 Some((c, us)) => format!(

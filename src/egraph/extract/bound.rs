@@ -301,3 +301,55 @@ impl BoundModel {
         rb.scale * (kernels * rb.launch_us + dram.max(kernels * rb.latency_us))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::egraph::rules::all_rules;
+    use crate::egraph::runner::Runner;
+    use crate::egraph::TypedEGraph;
+
+    fn partial_reads_of(text: &str) -> bool {
+        let mut m = crate::parse::parse_module(text, 0).expect("parses");
+        crate::verify::verify_module(&mut m).expect("verifies");
+        let mut g = TypedEGraph::from_function(&m.funcs[0], &m.reducers).expect("e-graph");
+        Runner::default()
+            .with_time_limit(std::time::Duration::from_secs(10))
+            .run(&mut g, &all_rules());
+        let x = ExtractGraph::new(&g).expect("extractable");
+        BoundModel::partial_reads(&x)
+    }
+
+    /// A softmax whose fused fold gets a repair guard (`select(v == -inf, 0, v)`, a select of
+    /// values) reads its input whole in every program: the input floor stands. A causal mask
+    /// (a select on `iota` positions) may skip tiles: no floor.
+    #[test]
+    fn only_positional_selects_and_slices_withhold_the_input_floor() {
+        let softmax = "func f where R = 4, N = 64 {
+  x: tensor<RxN, f32> = input
+  m = reduce x axis=N reducer=@max keep_dims
+  e = exp(x - m)
+  return e / reduce e axis=N reducer=@add keep_dims
+}
+";
+        let causal = "func f where Q = 32, K = 32 {
+  s: tensor<QxK, f32> = input
+  row: tensor<QxK, i32> = iota[Q]
+  col: tensor<QxK, i32> = iota[K]
+  neg: tensor<f32> = constant -inf
+  masked = select(less_equal(col, row), s, neg)
+  m = reduce masked axis=K reducer=@max keep_dims
+  e = exp(masked - m)
+  return e / reduce e axis=K reducer=@add keep_dims
+}
+";
+        let sliced = "func f where N = 64 {
+  x: tensor<N, f32> = input
+  return exp(slice[0, 0, 32](x))
+}
+";
+        assert!(!partial_reads_of(softmax));
+        assert!(partial_reads_of(causal));
+        assert!(partial_reads_of(sliced));
+    }
+}
