@@ -24,6 +24,7 @@
 //!   candidates (k-best merge, inlining);
 //! - [`passes`]: the named passes with typed options (`saturate`, `extract`, `lower`, …) and
 //!   [`passes::PassManager`], which runs a pipeline of them on a module;
+//! - [`support`]: where the Python scripts `triton-check` and `tune` run are found;
 //! - [`verify`]: the type rules and the verifier.
 
 mod alloc;
@@ -40,5 +41,6 @@ pub mod parse;
 pub mod partition;
 pub mod passes;
 pub mod rank;
+pub mod support;
 pub mod tune;
 pub mod verify;

@@ -390,6 +390,7 @@ fn compiled_kernels_take_the_parameters_efopt_passes() {
             script: root().join("python/efopt_cuda.py"),
             cache: dir.join("cache"),
             target: "sm_90".into(),
+            time_limit: efopt::tune::launch::COMPILE_TIME_LIMIT,
         };
         let host = f.name.replace('.', "_");
         let lp = helper
@@ -457,4 +458,85 @@ fn the_gpu_bench_table_is_computed_right() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A device whose first compilations spent the whole budget (as a slow Triton compile does):
+/// the search still measures until some configuration has a time, then stops.
+struct SpentAtStart<'a, 'b, 'c, 'd>(&'a mut Simulated<'b, 'c, 'd>);
+
+impl efopt::tune::Measure for SpentAtStart<'_, '_, '_, '_> {
+    fn measure(&mut self, c: &efopt::tune::Config, repeats: u32) -> efopt::tune::Outcome {
+        self.0.measure(c, repeats)
+    }
+    fn spent(&self) -> f64 {
+        1000.0 + self.0.spent()
+    }
+    fn describe(&self) -> String {
+        "spent at start".into()
+    }
+}
+
+#[test]
+fn a_budget_spent_by_compilation_still_measures_one_configuration() {
+    let mut m = ranked("rmsnorm_gemm", None, 4);
+    let dev = device("h100").unwrap();
+    let info = efopt::verify::verify_module(&mut m).expect("verifies");
+    let plans: Vec<KernelPlan> = m
+        .funcs
+        .iter()
+        .filter_map(|f| efopt::lower::plan(&info, f).ok())
+        .collect();
+    let models: Vec<FunctionModel> = plans.iter().map(|p| FunctionModel::new(p, dev)).collect();
+    let spaces: Vec<Space> = models.iter().map(|m| Space::new(m, dev)).collect();
+    let (mut starts, mut estimates) = (Vec::new(), Vec::new());
+    for m in &models {
+        let e = efopt::rank::estimate_model(m, dev, efopt::rank::Solver::Lp).expect("legal");
+        estimates.push(e.cost.us);
+        starts.push(e.point);
+    }
+    let mut sim = Simulated::new(&spaces, 1);
+    let settings = TuneSettings {
+        budget: 10.0,
+        ..TuneSettings::default()
+    };
+    let log = tune(
+        &spaces,
+        &starts,
+        &estimates,
+        &mut SpentAtStart(&mut sim),
+        &settings,
+    );
+    let timed = log.rows.iter().filter(|r| r.outcome == "time").count();
+    assert_eq!(timed, 1, "{:?}", log.rows);
+    assert!(log.chosen().is_some());
+    assert!(log.stop.contains("budget"), "{}", log.stop);
+}
+
+/// A compilation past the helper's time limit is stopped and fails with a reason, instead
+/// of holding the search (Triton took 8 minutes on one tile shape).
+#[cfg(unix)]
+#[test]
+fn a_compilation_past_the_time_limit_is_stopped() {
+    let dir = std::env::temp_dir().join(format!("efopt-tune-slow-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("slow.sh");
+    std::fs::write(&script, "sleep 30\n").unwrap();
+    let helper = efopt::tune::launch::Helper {
+        python: "sh".into(),
+        script,
+        cache: dir.join("cache"),
+        target: "sm_90".into(),
+        time_limit: std::time::Duration::from_millis(300),
+    };
+    let start = std::time::Instant::now();
+    let r = helper.plan(
+        &dir.join("cands.py"),
+        "f_c0",
+        &serde_json::json!({}),
+        &[],
+        &dir,
+    );
+    let e = r.expect_err("stopped");
+    assert!(e.contains("longer than 0.3 s"), "{e}");
+    assert!(start.elapsed().as_secs_f64() < 10.0, "not stopped in time");
 }

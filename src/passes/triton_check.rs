@@ -186,15 +186,8 @@ impl Pass for TritonCheckPass {
         });
         std::fs::write(dir.join("manifest.json"), manifest.to_string())
             .map_err(|e| fail(e.to_string()))?;
-        // The runner script and the venv `scripts/setup-venv.sh` makes live in the checkout
-        // efopt was built from.
-        let checkout = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-        let python = self
-            .python
-            .clone()
-            .or_else(|| std::env::var("EFOPT_PYTHON").ok())
-            .unwrap_or_else(|| checkout.join(".venv/bin/python").display().to_string());
-        let script = checkout.join("python/efopt_triton.py");
+        let python = crate::support::python(self.python.clone());
+        let script = crate::support::home().join("python/efopt_triton.py");
         let out = std::process::Command::new(&python)
             .arg(&script)
             .arg(dir.join("manifest.json"))

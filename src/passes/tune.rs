@@ -59,6 +59,8 @@ pub struct TuneOptions {
     pub model: DeviceChoice,
     pub target: TuneTarget,
     pub python: Option<String>,
+    /// The time limit of one compilation (a configuration that compiles longer fails).
+    pub compile_limit: Seconds,
     /// With `device=simulated`: the candidate (1-based, in rank order; 0: none) whose
     /// outputs the simulation makes wrong.
     pub simulate_wrong: usize,
@@ -76,6 +78,7 @@ impl Default for TuneOptions {
             model: DeviceChoice::H100,
             target: TuneTarget::Auto,
             python: None,
+            compile_limit: Seconds(crate::tune::launch::COMPILE_TIME_LIMIT.as_secs_f64()),
             simulate_wrong: 0,
         }
     }
@@ -97,6 +100,8 @@ pass_options!(TuneOptions {
         "the compile target (`auto`: the GPU's compute capability)";
     "python" => python: OptionKind::Path,
         "Python with Triton for python/efopt_cuda.py (default: $EFOPT_PYTHON, else the checkout's .venv/bin/python)";
+    "compile-limit" => compile_limit: OptionKind::Float,
+        "seconds one configuration may take to compile before it is stopped and counted as failed";
     "simulate-wrong" => simulate_wrong: OptionKind::Int,
         "with device=simulated: the candidate (1-based, rank order) whose outputs the simulation makes wrong (0: none)";
 });
@@ -415,7 +420,12 @@ impl TunePass {
         };
         CudaDevice::open(
             self.opts.gpu,
-            Helper::new(self.opts.python.clone(), &target),
+            Helper {
+                time_limit: std::time::Duration::from_secs_f64(
+                    self.opts.compile_limit.0.max(0.001),
+                ),
+                ..Helper::new(self.opts.python.clone(), &target)
+            },
             dir,
             candidates,
             vec![Workload {

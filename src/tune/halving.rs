@@ -8,7 +8,7 @@
 //! make it, so a noisy first measurement does not lose them — adds each kept schedule's
 //! unmeasured neighbours and one random mutation, and measures all of them with `eta` times
 //! the repeats. It stops after `rounds` rounds, when one configuration is left, or when the
-//! budget is spent. For a candidate of several kernels, each kernel's warps and stages are
+//! budget is spent (once some configuration has a time). For a candidate of several kernels, each kernel's warps and stages are
 //! then tuned alone, one kernel at a time (block sizes stay: they shape the buffers the
 //! kernels share), each step measured — so validated — as a whole program.
 //!
@@ -249,7 +249,9 @@ pub fn tune(
             if search.log.wrong.contains_key(&c.candidate) || search.failed.contains(c) {
                 continue;
             }
-            if search.dev.spent() >= halving_budget {
+            // The budget stops the search once something has a time: a slow first
+            // compilation does not leave a source function unmeasured.
+            if search.dev.spent() >= halving_budget && !search.log.best.is_empty() {
                 stop = format!("budget ({} s) spent", s.budget);
                 search.log.rounds = round + 1;
                 break 'rounds;

@@ -136,16 +136,18 @@ pub struct Helper {
     pub cache: PathBuf,
     /// `sm_90`, …
     pub target: String,
+    /// A request that runs longer is stopped and fails (Triton takes minutes on some tile
+    /// shapes: a reshaped 3-D load of 16 × 256 tiles took 8 minutes).
+    pub time_limit: std::time::Duration,
 }
 
+/// The compile helper's time limit by default.
+pub const COMPILE_TIME_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 impl Helper {
-    /// The Python of `triton-check`: `python`, else `$EFOPT_PYTHON`, else the checkout's
-    /// `.venv`; the cache `$EFOPT_CACHE`, else `~/.cache/efopt/triton`.
+    /// The Python of `triton-check` ([`crate::support::python`]); the cache `$EFOPT_CACHE`, else `~/.cache/efopt/triton`.
     pub fn new(python: Option<String>, target: &str) -> Helper {
-        let checkout = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let python = python
-            .or_else(|| std::env::var("EFOPT_PYTHON").ok())
-            .unwrap_or_else(|| checkout.join(".venv/bin/python").display().to_string());
+        let python = crate::support::python(python);
         let cache = std::env::var_os("EFOPT_CACHE")
             .map(PathBuf::from)
             .or_else(|| {
@@ -154,9 +156,10 @@ impl Helper {
             .unwrap_or_else(|| std::env::temp_dir().join("efopt-cache"));
         Helper {
             python,
-            script: checkout.join("python/efopt_cuda.py"),
+            script: crate::support::home().join("python/efopt_cuda.py"),
             cache,
             target: target.to_string(),
+            time_limit: COMPILE_TIME_LIMIT,
         }
     }
 
@@ -181,11 +184,7 @@ impl Helper {
         let path = scratch_dir.join(format!("request-{function}.json"));
         std::fs::write(&path, request.to_string())
             .map_err(|e| format!("{}: {e}", path.display()))?;
-        let out = std::process::Command::new(&self.python)
-            .arg(&self.script)
-            .arg(&path)
-            .output()
-            .map_err(|e| format!("cannot run `{}`: {e}", self.python))?;
+        let out = self.run(&path)?;
         let stdout = String::from_utf8_lossy(&out.stdout);
         let line = stdout.lines().last().unwrap_or("");
         let v: serde_json::Value = serde_json::from_str(line).map_err(|_| {
@@ -203,5 +202,42 @@ impl Helper {
             ));
         }
         serde_json::from_value(v).map_err(|e| format!("a malformed launch plan: {e}"))
+    }
+
+    /// Runs the helper on the request at `path`, stopping it at the time limit. Its output
+    /// goes to files beside the request (pipes could fill up while it is waited for).
+    fn run(&self, path: &Path) -> Result<std::process::Output, String> {
+        let (out_path, err_path) = (path.with_extension("out"), path.with_extension("err"));
+        let file = |p: &Path| std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()));
+        let mut child = std::process::Command::new(&self.python)
+            .arg(&self.script)
+            .arg(path)
+            .stdin(std::process::Stdio::null())
+            .stdout(file(&out_path)?)
+            .stderr(file(&err_path)?)
+            .spawn()
+            .map_err(|e| format!("cannot run `{}`: {e}", self.python))?;
+        let start = std::time::Instant::now();
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(status)) => break status,
+                Ok(None) if start.elapsed() >= self.time_limit => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(format!(
+                        "the compile helper took longer than {} s (the time limit of a compilation) and was stopped",
+                        self.time_limit.as_secs_f64()
+                    ));
+                }
+                Ok(None) => std::thread::sleep(std::time::Duration::from_millis(20)),
+                Err(e) => return Err(format!("waiting for the compile helper: {e}")),
+            }
+        };
+        let read = |p: &Path| std::fs::read(p).unwrap_or_default();
+        Ok(std::process::Output {
+            status,
+            stdout: read(&out_path),
+            stderr: read(&err_path),
+        })
     }
 }
