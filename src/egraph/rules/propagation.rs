@@ -283,10 +283,14 @@ fn reduce_replicate_in(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
     }
 }
 
-fn reduce_combination_out(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
+fn reduce_combination_out(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
     let Op::ReduceAxis { dim, keep_dims, .. } = &n.op else {
         return;
     };
+    // A reducer with a tuple state reduces to a tuple, which no combination holds.
+    if tensor_type(eg, class).is_none() {
+        return;
+    }
     for c in nodes(eg, n.children[0]) {
         let Op::Combination(d, a) = &c.op else {
             continue;
