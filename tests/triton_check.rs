@@ -542,3 +542,14 @@ fn ranked_candidates_run_and_compile_at_their_schedules() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `pow` of negative bases (half the random inputs), zero bases and zero exponents runs equal
+/// to the interpreter (the old `exp(y · log x)` was NaN for every negative base).
+#[test]
+fn powers_of_negative_bases_run_and_compile() {
+    check_file(
+        "tests/lit/lower/powers.ef",
+        &[],
+        "saturate,extract{max-candidates=6},triton-check{compile=sm_90 blocks=16,32}",
+    );
+}

@@ -244,10 +244,16 @@ impl KernelEmitter<'_, '_> {
                     BinaryOp::Divide => format!("({x} / {y})"),
                     BinaryOp::Maximum => format!("tl.maximum({x}, {y})"),
                     BinaryOp::Minimum => format!("tl.minimum({x}, {y})"),
+                    // Nudged away from zero before truncating: exp∘log of an exact integer
+                    // power may land an ulp below it.
                     BinaryOp::Pow if dtype == DType::I32 => format!(
-                        "tl.exp(({y}).to(tl.float32) * tl.log(({x}).to(tl.float32))).to(tl.int32)"
+                        "({} * 1.000001).to(tl.int32)",
+                        pow_f32(
+                            &format!("({x}).to(tl.float32)"),
+                            &format!("({y}).to(tl.float32)")
+                        )
                     ),
-                    BinaryOp::Pow => format!("tl.exp({y} * tl.log({x}))"),
+                    BinaryOp::Pow => pow_f32(&x, &y),
                     BinaryOp::Less => format!("({x} < {y})"),
                     BinaryOp::LessEqual => format!("({x} <= {y})"),
                     BinaryOp::Greater => format!("({x} > {y})"),
@@ -467,4 +473,16 @@ impl KernelEmitter<'_, '_> {
             other => return Err(format!("`{}` is not lowered yet", other.op_name())),
         })
     }
+}
+
+/// `x ** y` as the interpreter's `powf` gives it, from `exp(y · log |x|)`: a negative base
+/// takes the sign of an odd integer exponent and is NaN for a non-integer one (plain
+/// `exp(y · log x)` is NaN for every negative base), `y = 0` gives 1 (also for a zero or NaN
+/// base), a zero base gives 0 or ∞ by the exponent's sign.
+fn pow_f32(x: &str, y: &str) -> String {
+    format!(
+        "tl.where({y} == 0.0, 1.0, tl.where({x} < 0.0, tl.where(tl.floor({y}) == {y}, \
+         tl.where(tl.floor({y} * 0.5) * 2.0 == {y}, 1.0, -1.0), float('nan')), 1.0) \
+         * tl.exp({y} * tl.log(tl.abs({x}))))"
+    )
 }
