@@ -14,19 +14,28 @@ fn holds_scripts(dir: &Path) -> bool {
 
 /// The folder that holds `python/` (and `.venv/`, where `scripts/setup-venv.sh` made one).
 pub fn home() -> PathBuf {
-    if let Some(h) = std::env::var_os("EFOPT_HOME") {
-        return PathBuf::from(h);
+    find_home(
+        std::env::var_os("EFOPT_HOME").map(PathBuf::from),
+        Path::new(env!("CARGO_MANIFEST_DIR")),
+        std::env::current_exe().ok(),
+    )
+}
+
+/// [`home`] from the environment's `EFOPT_HOME`, the build checkout and the binary's path.
+fn find_home(explicit: Option<PathBuf>, built: &Path, exe: Option<PathBuf>) -> PathBuf {
+    if let Some(h) = explicit {
+        return h;
     }
-    let built = Path::new(env!("CARGO_MANIFEST_DIR"));
     if holds_scripts(built) {
         return built.to_path_buf();
     }
-    if let Ok(exe) = std::env::current_exe() {
-        if let Some(dir) = exe.ancestors().skip(1).find(|d| holds_scripts(d)) {
-            return dir.to_path_buf();
-        }
-    }
-    built.to_path_buf()
+    exe.and_then(|e| {
+        e.ancestors()
+            .skip(1)
+            .find(|d| holds_scripts(d))
+            .map(Path::to_path_buf)
+    })
+    .unwrap_or_else(|| built.to_path_buf())
 }
 
 /// The Python that runs the scripts: `explicit` (a pass option), else `$EFOPT_PYTHON`, else
@@ -35,4 +44,31 @@ pub fn python(explicit: Option<String>) -> String {
     explicit
         .or_else(|| std::env::var("EFOPT_PYTHON").ok())
         .unwrap_or_else(|| home().join(".venv/bin/python").display().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A binary copied with its checkout to a machine where the build path does not exist
+    /// finds the scripts above itself; `EFOPT_HOME` wins; the build checkout comes first.
+    #[test]
+    fn scripts_are_found_beside_a_copied_binary() {
+        let root = std::env::temp_dir().join(format!("efopt-support-{}", std::process::id()));
+        let copy = root.join("copy");
+        std::fs::create_dir_all(copy.join("python")).unwrap();
+        std::fs::create_dir_all(copy.join("target/release")).unwrap();
+        std::fs::write(copy.join("python/efopt_triton.py"), "").unwrap();
+        let exe = Some(copy.join("target/release/efopt"));
+        let gone = root.join("built-elsewhere");
+        assert_eq!(find_home(None, &gone, exe.clone()), copy);
+        assert_eq!(
+            find_home(Some(root.join("h")), &gone, exe.clone()),
+            root.join("h")
+        );
+        assert_eq!(find_home(None, &copy, Some(gone.join("efopt"))), copy);
+        // Nothing anywhere: the build checkout, so the error names a real expectation.
+        assert_eq!(find_home(None, &gone, Some(gone.join("efopt"))), gone);
+        let _ = std::fs::remove_dir_all(&root);
+    }
 }

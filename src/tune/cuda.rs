@@ -445,12 +445,8 @@ pub fn encode(values: &[f32], dtype: &str) -> Vec<u8> {
     for &x in values {
         match dtype {
             "bfloat16" => {
-                let b = x.to_bits();
-                let r = if x.is_nan() {
-                    0x7fc0
-                } else {
-                    (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16
-                };
+                // The interpreter's rounding (nearest even; NaN stays NaN), upper half kept.
+                let r = (crate::interp::tensor::round_bf16(x).to_bits() >> 16) as u16;
                 out.extend_from_slice(&r.to_le_bytes());
             }
             "float16" => out.extend_from_slice(&f32_to_f16(x).to_le_bytes()),

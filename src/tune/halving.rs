@@ -8,9 +8,10 @@
 //! make it, so a noisy first measurement does not lose them — adds each kept schedule's
 //! unmeasured neighbours and one random mutation, and measures all of them with `eta` times
 //! the repeats. It stops after `rounds` rounds, when one configuration is left, or when the
-//! budget is spent (once some configuration has a time). For a candidate of several kernels, each kernel's warps and stages are
-//! then tuned alone, one kernel at a time (block sizes stay: they shape the buffers the
-//! kernels share), each step measured — so validated — as a whole program.
+//! budget is spent (once some configuration has a time). For a candidate of several
+//! kernels, each kernel's warps and stages are then tuned alone, one kernel at a time (block
+//! sizes stay: they shape the buffers the kernels share), each step measured — so validated
+//! — as a whole program.
 //!
 //! Everything is deterministic for a seed but the timings themselves.
 

@@ -145,7 +145,8 @@ pub struct Helper {
 pub const COMPILE_TIME_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl Helper {
-    /// The Python of `triton-check` ([`crate::support::python`]); the cache `$EFOPT_CACHE`, else `~/.cache/efopt/triton`.
+    /// The Python of `triton-check` ([`crate::support::python`]); the cache `$EFOPT_CACHE`,
+    /// else `~/.cache/efopt/triton`.
     pub fn new(python: Option<String>, target: &str) -> Helper {
         let python = crate::support::python(python);
         let cache = std::env::var_os("EFOPT_CACHE")

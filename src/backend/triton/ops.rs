@@ -244,15 +244,18 @@ impl KernelEmitter<'_, '_> {
                     BinaryOp::Divide => format!("({x} / {y})"),
                     BinaryOp::Maximum => format!("tl.maximum({x}, {y})"),
                     BinaryOp::Minimum => format!("tl.minimum({x}, {y})"),
-                    // Nudged away from zero before truncating: exp∘log of an exact integer
-                    // power may land an ulp below it.
-                    BinaryOp::Pow if dtype == DType::I32 => format!(
-                        "({} * 1.000001).to(tl.int32)",
-                        pow_f32(
-                            &format!("({x}).to(tl.float32)"),
-                            &format!("({y}).to(tl.float32)")
+                    // exp∘log of an exact integer power may land an ulp below it (7.9999
+                    // for 2³): a result within rounding error of an integer is that
+                    // integer, anything else truncates as the interpreter's cast does.
+                    BinaryOp::Pow if dtype == DType::I32 => {
+                        // `* 1.0` converts a tensor and a literal alike (`(3).to(…)` is
+                        // no Triton).
+                        let r = pow_f32(&format!("(({x}) * 1.0)"), &format!("(({y}) * 1.0)"));
+                        format!(
+                            "tl.where(tl.abs({r} - tl.floor({r} + 0.5)) <= 1e-5 * tl.abs({r}) + 1e-6, \
+                             tl.floor({r} + 0.5), {r}).to(tl.int32)"
                         )
-                    ),
+                    }
                     BinaryOp::Pow => pow_f32(&x, &y),
                     BinaryOp::Less => format!("({x} < {y})"),
                     BinaryOp::LessEqual => format!("({x} <= {y})"),
