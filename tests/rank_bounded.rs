@@ -1,10 +1,13 @@
 //! Rank-bounded extraction (`extract{top=K}`) is exact: on every e-graph where exhaustive
-//! extraction finishes, the K candidates it returns have the same estimates as the best K of
-//! every candidate exhaustive extraction finds, ranked by the same model, and (below the K-th
-//! estimate, where ties cannot swap them) are the same ≈-classes. An inadmissible bound (the
-//! admissible one scaled up) is caught by the same comparison. Prints the states expanded both
-//! ways. So is pruning programs with a tile no schedule holds: with the limit made too small,
-//! the comparison fails.
+//! extraction finishes, the K candidates it returns have estimates no worse, rank by rank,
+//! than the best K of every candidate exhaustive extraction finds, ranked by the same model;
+//! where they are equal, the ≈-classes below the K-th estimate (where ties cannot swap them)
+//! are the same. Better happens: the bounded search takes programs in another order
+//! (`worklist`), and early compaction's ≈ₚ pruning depends on that order, so exhaustive
+//! early compaction can miss a class (layernorm_gemm: three at 4.90 µs). An inadmissible
+//! bound (the admissible one scaled up) makes the result worse and is caught. Prints the
+//! states expanded both ways. So is pruning programs with a tile no schedule holds: with the
+//! limit made too small, the comparison fails.
 
 use efopt::egraph::extract::{
     canonical_text, reconstruct, Candidate, ExtractGraph, ExtractStop, Extractor, RankBound,
@@ -12,6 +15,7 @@ use efopt::egraph::extract::{
 use efopt::egraph::rules::all_rules;
 use efopt::egraph::runner::Runner;
 use efopt::egraph::TypedEGraph;
+use efopt::ir::alpha::fingerprint;
 use efopt::rank::device::device;
 use std::path::Path;
 use std::time::Duration;
@@ -96,8 +100,10 @@ fn extractor(g: &TypedEGraph) -> Extractor {
         .with_lowerable(efopt::passes::extract::lower_check(&g.egraph.analysis.env))
 }
 
-/// (estimate, canonical form) of each ranked candidate, best first.
-type Ranked = Vec<(f64, String)>;
+/// (estimate, canonical form, fingerprint) of each ranked candidate, best first. Two
+/// candidates are the same when either is equal: ≈ (the form) or equal up to a renaming of
+/// axes (`ir::alpha`), of which a run outputs one — which one depends on its order.
+type Ranked = Vec<(f64, String, u128)>;
 
 /// The exhaustive run's candidates, each scored: every one that has a legal schedule.
 fn exhaustive(g: &TypedEGraph, x: &ExtractGraph) -> Option<(Ranked, usize)> {
@@ -112,7 +118,7 @@ fn exhaustive(g: &TypedEGraph, x: &ExtractGraph) -> Option<(Ranked, usize)> {
         .filter_map(|c| {
             let f = reconstruct(x, &c.choice(), "c");
             let e = score(&f).expect("lowerable")?;
-            Some((e, canonical_text(x, &c.choice())))
+            Some((e, canonical_text(x, &c.choice()), fingerprint(&f)))
         })
         .collect();
     ranked.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -142,7 +148,10 @@ fn bounded(
     let ranked = report
         .candidates
         .iter()
-        .filter_map(|c: &Candidate| Some((c.estimate?, canonical_text(x, &c.choice()))))
+        .filter_map(|c: &Candidate| {
+            let f = reconstruct(x, &c.choice(), "c");
+            Some((c.estimate?, canonical_text(x, &c.choice()), fingerprint(&f)))
+        })
         .collect();
     (ranked, report.expanded)
 }
@@ -151,34 +160,55 @@ fn close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-9 * a.abs().max(b.abs())
 }
 
-/// Where the bounded top K differs from the exhaustive one, a description.
-fn difference(all: &Ranked, top: &Ranked, k: usize) -> Option<String> {
+/// How the bounded top K compares with the exhaustive one.
+enum Comparison {
+    Same,
+    /// At some rank the bounded search has a better estimate: it found classes the exhaustive
+    /// run's early compaction missed (≈ₚ pruning depends on the order programs are taken in,
+    /// and the two runs take them in different orders). Not a fault of the bound.
+    Better(String),
+    Worse(String),
+}
+
+fn compare(all: &Ranked, top: &Ranked, k: usize) -> Comparison {
     let want = &all[..k.min(all.len())];
     if want.len() != top.len() {
-        return Some(format!("{} candidates, want {}", top.len(), want.len()));
+        return Comparison::Worse(format!("{} candidates, want {}", top.len(), want.len()));
     }
+    let mut better = None;
     for (i, (w, t)) in want.iter().zip(top).enumerate() {
-        if !close(w.0, t.0) {
-            return Some(format!(
-                "rank {}: estimate {} us, want {} us",
-                i + 1,
-                t.0,
-                w.0
-            ));
+        if close(w.0, t.0) {
+            continue;
         }
+        let what = format!("rank {}: estimate {} us, exhaustive {} us", i + 1, t.0, w.0);
+        if t.0 > w.0 {
+            return Comparison::Worse(what);
+        }
+        better.get_or_insert(what);
+    }
+    if let Some(b) = better {
+        return Comparison::Better(b);
     }
     // Below the K-th estimate no tie decides membership: the same classes.
-    let kth = want.last().map(|w| w.0)?;
-    let strictly = |r: &[(f64, String)]| {
-        let mut v: Vec<String> = r
-            .iter()
-            .filter(|(e, _)| *e < kth && !close(*e, kth))
-            .map(|(_, f)| f.clone())
-            .collect();
-        v.sort();
-        v
+    let Some(kth) = want.last().map(|w| w.0) else {
+        return Comparison::Same;
     };
-    (strictly(want) != strictly(top)).then(|| "different candidates".to_string())
+    let strictly = |r: &'_ [(f64, String, u128)]| -> Vec<(String, u128)> {
+        r.iter()
+            .filter(|(e, _, _)| *e < kth && !close(*e, kth))
+            .map(|(_, f, p)| (f.clone(), *p))
+            .collect()
+    };
+    let (a, b) = (strictly(want), strictly(top));
+    let same = a.len() == b.len()
+        && a
+            .iter()
+            .all(|(f, p)| b.iter().any(|(g, q)| f == g || p == q));
+    if same {
+        Comparison::Same
+    } else {
+        Comparison::Worse("different candidates".to_string())
+    }
 }
 
 fn graphs() -> Vec<(String, TypedEGraph)> {
@@ -207,6 +237,7 @@ fn rank_bounded_extraction_returns_the_exhaustive_top_k_and_an_inadmissible_boun
     let mut compared = 0;
     let mut caught = 0;
     let mut caught_words = 0;
+    let mut better = 0;
     println!(
         "{:<28} {:>3} {:>12} {:>12} {:>10}",
         "e-graph", "K", "exhaustive", "bounded", "candidates"
@@ -221,8 +252,13 @@ fn rank_bounded_extraction_returns_the_exhaustive_top_k_and_an_inadmissible_boun
         };
         for k in [1, 10, 100] {
             let (top, expanded) = bounded(&g, &x, k, 1.0, 1.0);
-            if let Some(d) = difference(&all, &top, k) {
-                panic!("{name}, K = {k}: {d}");
+            match compare(&all, &top, k) {
+                Comparison::Worse(d) => panic!("{name}, K = {k}: {d}"),
+                Comparison::Better(d) => {
+                    println!("{name}, K = {k}: better than exhaustive: {d}");
+                    better += 1;
+                }
+                Comparison::Same => {}
             }
             println!(
                 "{name:<28} {k:>3} {full_expanded:>12} {expanded:>12} {:>10}",
@@ -232,19 +268,19 @@ fn rank_bounded_extraction_returns_the_exhaustive_top_k_and_an_inadmissible_boun
             // The same comparison catches a bound that over-estimates: scaled up, the search
             // stops before it has seen the best (where the best are not found first anyway).
             let (wrong, _) = bounded(&g, &x, k, 3.0, 1.0);
-            if difference(&all, &wrong, k).is_some() {
+            if matches!(compare(&all, &wrong, k), Comparison::Worse(_)) {
                 caught += 1;
             }
             // And pruning values a kernel could hold (the register limit divided by 64)
             // loses candidates that have a legal schedule.
             let (wrong, _) = bounded(&g, &x, k, 1.0, 64.0);
-            if difference(&all, &wrong, k).is_some() {
+            if matches!(compare(&all, &wrong, k), Comparison::Worse(_)) {
                 caught_words += 1;
             }
         }
     }
     println!(
-        "{compared} comparisons; an inadmissible bound (×3) caught in {caught}, a tile limit 64× too small in {caught_words}"
+        "{compared} comparisons ({better} better than exhaustive); an inadmissible bound (×3) caught in {caught}, a tile limit 64× too small in {caught_words}"
     );
     assert!(compared >= 30, "only {compared} comparisons");
     assert!(caught > 0, "no comparison caught the inadmissible bound");

@@ -32,7 +32,7 @@
 
 use super::canon::{is_compute, is_view, WalkFacts};
 use super::extract_graph::ExtractGraph;
-use super::kernels::{kernel_lower_bound, reshape_view};
+use super::kernels::reshape_view;
 use super::reach::class_tiled;
 use super::{Choice, NONE};
 use crate::egraph::lang::Op;
@@ -263,9 +263,10 @@ impl BoundModel {
         x: &ExtractGraph,
         choice: &Choice,
         facts: &WalkFacts,
+        kernels: usize,
         stored: &mut FxHashSet<u32>,
     ) -> f64 {
-        let kernels = kernel_lower_bound(x, choice, &facts.met, &facts.memo).max(1) as f64;
+        let kernels = kernels.max(1) as f64;
         // Tensor-level values a picked operator computes and another picked one reads: one
         // kernel writes each whole (counted once per canonical form, as one node).
         stored.clear();

@@ -63,6 +63,7 @@
 //! - `validity`: each value once, no dead component;
 //! - `kernels`: regions, kernel graph, launch order, kernel bounds;
 //! - `context`: the hole context of ≈ₚ;
+//! - `worklist`: the partial programs waiting, in one order or (rank-bounded) two;
 //! - `queue`: the second thread;
 //! - `memory`: the memory limit;
 //! - `output`: rebuilt functions and their summaries.
@@ -81,6 +82,7 @@ mod queue;
 mod reach;
 mod search;
 mod validity;
+mod worklist;
 
 pub use bound::{RankBound, Scorer};
 pub use canon::canonical_text;

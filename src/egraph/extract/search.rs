@@ -21,6 +21,7 @@ use super::kernels::{
 use super::memory::{resident_mib, GrowthWatch};
 use super::queue::{rebuilt, LoweringQueue, Outcomes, Refusal};
 use super::reach::{has, open_reach, reaches, readable_resolved, Marks};
+use super::worklist::Worklist;
 use super::validity::{
     computed_once, computes_twice_directly, dead_component, leaves_component_unreachable,
     loads_only, loads_only_after_pick, required_get, unreachable_from_holes, unread_components,
@@ -31,7 +32,6 @@ use super::{
 };
 use std::borrow::Cow;
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 use std::time::{Duration, Instant};
 
 /// The counts the report gives (see `ExtractReport`), besides those of complete programs
@@ -96,9 +96,9 @@ pub(super) struct Search<'scope, 'env> {
     queue: Option<LoweringQueue<'scope>>,
     /// (parent, class, e-node); entry 0 is the empty program.
     trail: Vec<(u32, u32, u32)>,
-    /// (estimate, trail index): a program's trail index grows with every push, so among
-    /// equal estimates the newest comes first.
-    worklist: BinaryHeap<(Reverse<u64>, u32)>,
+    /// Partial programs by trail index (`Worklist`): cheapest first, and with rank-bounded
+    /// extraction also lowest bound first, in turn.
+    worklist: Worklist,
     /// The program being looked at (and, while a child is built, the child).
     s: Choice,
     /// The classes the program being looked at has picked.
@@ -203,7 +203,7 @@ impl<'scope, 'env> Search<'scope, 'env> {
             },
             queue,
             trail: vec![(NONE, NONE, NONE)],
-            worklist: BinaryHeap::new(),
+            worklist: Worklist::new(ex.rank_bound.is_some()),
             s: vec![NONE; classes],
             picks: Vec::new(),
             sorted_picks: Vec::new(),
@@ -248,7 +248,7 @@ impl<'scope, 'env> Search<'scope, 'env> {
             add_cheapest(self.x, &mut self.union, *r);
         }
         let root_cost = hole_estimate(self.x, &self.s, &self.union);
-        self.worklist.push((Reverse(root_cost), 0));
+        self.worklist.push(root_cost, 0.0, 0);
     }
 
     /// Takes programs cheapest first until none is left or a limit stops the search.
@@ -256,7 +256,7 @@ impl<'scope, 'env> Search<'scope, 'env> {
         // The walk's facts about the program taken, read by every step that judges it.
         let mut facts = WalkFacts::default();
         let stop = loop {
-            let Some((_, at)) = self.worklist.pop() else {
+            let Some(at) = self.worklist.pop() else {
                 if let Some(q) = self.queue.as_mut() {
                     q.drain(&mut self.out);
                 }
@@ -320,8 +320,7 @@ impl<'scope, 'env> Search<'scope, 'env> {
             self.seen.tables(&mut self.tables);
             self.tables
                 .push((self.trail.len(), self.trail.capacity(), 12));
-            self.tables
-                .push((self.worklist.len(), self.worklist.capacity(), 16));
+            self.worklist.tables(&mut self.tables);
             let ahead_mib = self.growth.ahead(&self.tables) >> 20;
             if resident_mib().is_some_and(|m| m + ahead_mib >= limit) {
                 return Some(ExtractStop::MemoryLimit(limit));
@@ -423,13 +422,17 @@ impl<'scope, 'env> Search<'scope, 'env> {
         }
         // After the seen-set: a program pruned by its bound is still taken, as it is without
         // the bound, so that the programs ≈ₚ to it are pruned as they are without it.
-        if let (Some(b), Some(rb), Some(_)) = (&self.bound, &self.ex.rank_bound, hole) {
+        let ex = self.ex;
+        if let (Some(rb), Some(_), true) = (&ex.rank_bound, hole, self.bound.is_some()) {
+            let b = self.bound.as_ref().expect("rank-bounded");
             if let Some(c) = b.too_large_value(rb, self.x, &self.s, &facts.met) {
                 self.n.too_large_value += 1;
                 self.n.first_too_large.get_or_insert(c);
                 return None;
             }
-            self.own_bound = b.bound(rb, self.x, &self.s, facts, &mut self.stored);
+            let kernels = self.kernels_at_least(key, facts);
+            let b = self.bound.as_ref().expect("rank-bounded");
+            self.own_bound = b.bound(rb, self.x, &self.s, facts, kernels, &mut self.stored);
             if self.over_bound(self.own_bound) {
                 self.n.over_bound += 1;
                 return None;
@@ -594,6 +597,12 @@ impl<'scope, 'env> Search<'scope, 'env> {
         let Some(max) = self.ex.max_kernels else {
             return false;
         };
+        self.kernels_at_least(key, facts) > max
+    }
+
+    /// A lower bound of the kernels of every completion: `kernel_lower_bound`, or the
+    /// longest chain of kernels the resolved classes already form, whichever is larger.
+    fn kernels_at_least(&mut self, key: bool, facts: &WalkFacts) -> usize {
         let x = self.x;
         let kv = KernelView {
             x,
@@ -614,7 +623,7 @@ impl<'scope, 'env> Search<'scope, 'env> {
         } else {
             kernel_chain(&self.launch_scratch.edges).unwrap_or(0)
         };
-        kernel_lower_bound(x, &self.s, &facts.met, &facts.memo).max(chain) > max
+        kernel_lower_bound(x, &self.s, &facts.met, &facts.memo).max(chain)
     }
 
     /// Whether no completion of the partial program has a launch order
@@ -834,7 +843,7 @@ impl<'scope, 'env> Search<'scope, 'env> {
         }
         self.n.forced += self.trail.len() - trail_len - 1;
         self.worklist
-            .push((Reverse(child), (self.trail.len() - 1) as u32));
+            .push(child, self.own_bound, (self.trail.len() - 1) as u32);
         if self.bound.is_some() {
             // Indices past a truncated trail are reused: set, not only grown.
             self.pushed_bound.resize(self.trail.len(), 0.0);
@@ -1024,15 +1033,17 @@ impl<'scope, 'env> Search<'scope, 'env> {
             .saturating_add(hole_estimate(x, &self.s, &self.union))
     }
 
-    /// Whether a bound (µs) is above the `top`-th best estimate found (rank-bounded
-    /// extraction only).
+    /// Whether a bound (µs) reaches the `top`-th best estimate found (rank-bounded
+    /// extraction only): a completion could at best tie with it, which leaves the top
+    /// `top` estimates as they are. (Equal up to rounding counts as a tie: the bound and an
+    /// estimate add the same terms in other orders.)
     fn over_bound(&self, bound: f64) -> bool {
         match &self.ex.rank_bound {
             Some(rb) if self.out.best.len() >= rb.top.max(1) => self
                 .out
                 .best
                 .peek()
-                .is_some_and(|kth| bound > f64::from_bits(*kth)),
+                .is_some_and(|kth| bound >= f64::from_bits(*kth) * (1.0 - 1e-12)),
             _ => false,
         }
     }
