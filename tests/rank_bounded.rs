@@ -201,8 +201,7 @@ fn compare(all: &Ranked, top: &Ranked, k: usize) -> Comparison {
     };
     let (a, b) = (strictly(want), strictly(top));
     let same = a.len() == b.len()
-        && a
-            .iter()
+        && a.iter()
             .all(|(f, p)| b.iter().any(|(g, q)| f == g || p == q));
     if same {
         Comparison::Same

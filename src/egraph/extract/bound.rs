@@ -1,10 +1,11 @@
 //! Rank-bounded extraction (`Extractor::rank_bound`): branch and bound over Algorithm 1. The
-//! search takes partial programs in its usual order (cheapest work first, so good candidates
-//! come early), scores each complete one with the rank model, and prunes a partial program
-//! whose *admissible* bound — a lower bound of the rank model's estimate T̂ of every completion
-//! — is above the `top`-th best estimate found so far. When the worklist is empty the best
-//! `top` found are the best `top` of all: every program not expanded had a completion set
-//! whose estimates were all above them.
+//! search takes partial programs from two orders in turn (`worklist`: cheapest work first, so
+//! good candidates come early, and lowest bound first, so the programs that can still tie the
+//! best are settled early), scores each complete one with the rank model, and prunes a
+//! partial program whose *admissible* bound — a lower bound of the rank model's estimate T̂ of
+//! every completion — reaches the `top`-th best estimate found so far (its completions could
+//! at best tie). When the worklist is empty the best `top` found are the best `top` of all:
+//! every program not expanded had a completion set whose estimates were all at least theirs.
 //!
 //! The rank model (`crate::rank::model`) prices a function as T = Σ_k (launch + max(t_k /
 //! u_k, latency_k)), where t_k is the largest of a kernel's resource times (DRAM bytes / BW
@@ -13,7 +14,8 @@
 //! bytes are at least the distinct bytes of every buffer it loads and every buffer it
 //! stores. The bound of a partial program uses that with
 //!
-//! - K ≥ `kernel_lower_bound` (at least 1);
+//! - K ≥ `kernel_lower_bound` and ≥ the longest chain of kernels the resolved classes form
+//!   (`kernel_chain`: the kernels of a chain stay distinct in every completion), at least 1;
 //! - DRAM ≥ the results' bytes (each is stored by some kernel), plus the bytes of the inputs
 //!   every completion reads ([`BoundModel::required_inputs`]; none when the e-graph has a
 //!   `slice` or a `select` on positions, as a sliced read or a loop that skips masked tiles

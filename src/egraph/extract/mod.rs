@@ -28,7 +28,7 @@
 //! constructs every candidate and keeps one per class; `Early` (Algorithm 1) prunes a partial
 //! program before expanding it when a ≈ₚ one was taken. The worklist is cheapest-first by an
 //! estimate of the work a program does (`node_cost`), so limits stop after the fused
-//! candidates; `max_kernels` prunes by a kernel lower bound. The hole expanded next is the
+//! candidates (rank-bounded extraction also takes from a lowest-bound-first order: `worklist`); `max_kernels` prunes by a kernel lower bound. The hole expanded next is the
 //! one with the fewest e-nodes (forced picks first; `HoleOrder`). Which hole is chosen must
 //! not change the classes found — every partial-program check holds for all completions,
 //! validity is the same for ≈ programs, ≈ is a function of the parts' forms, and a complete

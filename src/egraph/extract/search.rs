@@ -21,12 +21,12 @@ use super::kernels::{
 use super::memory::{resident_mib, GrowthWatch};
 use super::queue::{rebuilt, LoweringQueue, Outcomes, Refusal};
 use super::reach::{has, open_reach, reaches, readable_resolved, Marks};
-use super::worklist::Worklist;
 use super::validity::{
     computed_once, computes_twice_directly, dead_component, leaves_component_unreachable,
     loads_only, loads_only_after_pick, required_get, unreachable_from_holes, unread_components,
     OnceScratch,
 };
+use super::worklist::Worklist;
 use super::{
     Choice, Compaction, ExtractProgress, ExtractReport, ExtractStop, Extractor, HoleOrder, NONE,
 };

@@ -20,12 +20,15 @@ use std::collections::BinaryHeap;
 /// The bound order gives one program in this many, the work order the others.
 const BOUND_EVERY: u32 = 4;
 
+/// (bound in ns, work estimate, trail index): lowest bound first, then cheapest, then newest.
+type ByBound = (Reverse<u64>, Reverse<u64>, u32);
+
 /// Programs by trail index, in one or two orders.
 pub(super) struct Worklist {
     /// (work estimate, trail index): among equal estimates the newest first.
     by_work: BinaryHeap<(Reverse<u64>, u32)>,
-    /// (bound in ns, work estimate, trail index); `None` without a bound.
-    by_bound: Option<BinaryHeap<(Reverse<u64>, Reverse<u64>, u32)>>,
+    /// `None` without a bound.
+    by_bound: Option<BinaryHeap<ByBound>>,
     /// Trail indices taken, as a bitset: the other order skips them.
     taken: Vec<u64>,
     /// Programs taken: the bound order gives every `BOUND_EVERY`-th.
