@@ -256,7 +256,7 @@ impl<'scope, 'env> Search<'scope, 'env> {
         // The walk's facts about the program taken, read by every step that judges it.
         let mut facts = WalkFacts::default();
         let stop = loop {
-            let Some(at) = self.worklist.pop() else {
+            let Some(at) = self.worklist.pop(!self.out.best.is_empty()) else {
                 if let Some(q) = self.queue.as_mut() {
                     q.drain(&mut self.out);
                 }
