@@ -288,3 +288,49 @@ fn rank_bounded_extraction_returns_the_exhaustive_top_k_and_an_inadmissible_boun
         "no comparison caught the wrong tile limit"
     );
 }
+
+/// The bounded search's output does not depend on how fast the lowering worker scores
+/// candidates: the search records each verdict at a fixed step after the program was sent
+/// (`LoweringQueue::poll_due`), whatever the worker's pace. Recording verdicts as they
+/// arrived made the pruning (by the K-th estimate) and the turn order (the bound order waits
+/// for a first estimate) depend on timing: a loaded CI machine printed another candidate 3
+/// for RMSNorm + GEMM than an idle one.
+#[test]
+fn rank_bounded_output_does_not_depend_on_the_workers_pace() {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/rmsnorm_gemm.ef"),
+    )
+    .unwrap();
+    let g = saturated(&text);
+    let x = ExtractGraph::new(&g).unwrap();
+    let run = |delay: Option<Duration>| {
+        let mut rb = rank_bound(&g, 4, 1.0, 1.0);
+        if let Some(d) = delay {
+            let score = rb.score.clone();
+            let calls = std::sync::atomic::AtomicUsize::new(0);
+            // Every other verdict is slow: the worker's pace changes along the run.
+            rb.score = std::sync::Arc::new(move |f: &efopt::ir::Function| {
+                if calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 2 == 0 {
+                    std::thread::sleep(d);
+                }
+                score(f)
+            });
+        }
+        let report = extractor(&g)
+            .with_time_limit(Duration::from_secs(600))
+            .with_rank_bound(Some(rb))
+            .run(&x);
+        let out: Vec<(Option<f64>, String)> = report
+            .candidates
+            .iter()
+            .map(|c| (c.estimate, canonical_text(&x, &c.choice())))
+            .collect();
+        (out, report.expanded)
+    };
+    let (fast, fast_expanded) = run(None);
+    for ms in [5, 40] {
+        let (slow, slow_expanded) = run(Some(Duration::from_millis(ms)));
+        assert_eq!(fast, slow, "a worker {ms} ms slower changed the output");
+        assert_eq!(fast_expanded, slow_expanded, "and the states expanded");
+    }
+}

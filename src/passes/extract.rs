@@ -45,10 +45,13 @@ pub fn rank_scorer(env: &crate::verify::typing::TypeEnv, dev: &'static Device) -
 choice! {
     /// `extract{stored-grids=…}`.
     pub enum StoredGrids {
-        /// On with rank-bounded extraction (`top` > 0) for results of rank 3 or more.
+        /// On with rank-bounded extraction (`top` > 0) for results of rank 3 or more; and
+        /// where that finds no candidate with a legal schedule, `every` for the time left.
         Auto = "auto",
         True = "true",
         False = "false",
+        /// Every combination of tiles, judged per program (`ExtractGraph::with_every_stored_grid`).
+        Every = "every",
     }
 }
 
@@ -186,7 +189,7 @@ pass_options!(ExtractOptions {
     "check-candidates" => check_candidates: OptionKind::Bool,
         "run every candidate output against the function it was extracted from, in the reference interpreter at small sizes (unit and large inputs), and drop one that differs with a warning: a wrong candidate is a bug in efopt (`EFOPT_WRONG_CANDIDATES=error` makes it an error); `check{sample=0}` is the exhaustive check at the program's own sizes";
     "stored-grids" => stored_grids: OptionKind::Choice(StoredGrids::WORDS),
-        "`true`: also candidates that store tiles along two grid axes (`combination[0,b](combination[1,nh](t))`: attention split by batch and head), more candidates, and early compaction is not known to be exact with them; `auto`: on with rank-bounded extraction (`top`) for results of rank 3 or more (attention), off otherwise";
+        "`true`: also candidates that store tiles along two grid axes (`combination[0,b](combination[1,nh](t))`: attention split by batch and head), more candidates, and early compaction is not known to be exact with them, except where some program reads the tile inside a kernel; `every`: those too, refused per program (a `BxTxH · HxH` product stored by `(b, t)` tiles), more still; `auto`: `true` with rank-bounded extraction (`top`) for results of rank 3 or more (attention), off otherwise, and `every` for the time left where that finds no candidate with a legal schedule";
     "top" => top: OptionKind::Int,
         "rank-bounded extraction: prune partial programs whose lower bound of the rank model's estimate is above the `top`-th best estimate found, and output the best `top` (exactly the top by `rank` once the search ends unstopped); 0 enumerates every class. Unset, a following `rank` sets it to its own `top`";
     "device" => device: OptionKind::Choice(DeviceChoice::WORDS),
@@ -448,7 +451,7 @@ impl Pass for ExtractPass {
         for g in &graphs {
             let is_part = callees.contains(&g.name);
             let stored_grids = match self.stored_grids {
-                StoredGrids::True => true,
+                StoredGrids::True | StoredGrids::Every => true,
                 StoredGrids::False => false,
                 // What ranks best is what rank-bounded extraction looks for: attention
                 // split by batch and head is the only way to fill the GPU at decode (MHA
@@ -462,12 +465,14 @@ impl Pass for ExtractPass {
                         })
                 }
             };
-            let built = if stored_grids {
+            let built = if self.stored_grids == StoredGrids::Every {
+                ExtractGraph::with_every_stored_grid(g)
+            } else if stored_grids {
                 ExtractGraph::with_stored_grids(g)
             } else {
                 ExtractGraph::new(g)
             };
-            let x = match built {
+            let mut x = match built {
                 Ok(x) => x,
                 Err(e) => {
                     errors.push(
@@ -515,6 +520,58 @@ impl Pass for ExtractPass {
             }
             let started = Instant::now();
             let mut report = extractor.run(&x);
+            // Tiles stored by a grid of two axes whose class some other program reads inside a
+            // kernel (`stored-grids=every`) may have a legal schedule where nothing else has:
+            // a `BxTxH · HxH` product keeps its tiles small only on a `(b, t)` grid. Searched
+            // for half the time left once the first search ranks nothing.
+            let every_grid =
+                extractor.rank_bound.is_some() && self.stored_grids == StoredGrids::Auto;
+            let ranked = |r: &crate::egraph::extract::ExtractReport| {
+                r.candidates.iter().any(|c| c.estimate.is_some())
+            };
+            let rounded =
+                |d: Duration| Duration::from_secs_f64((d.as_secs_f64() * 10.0).round() / 10.0);
+            let stuck = matches!(
+                report.stop,
+                crate::egraph::extract::ExtractStop::NothingRanked(_)
+            ) || (!ranked(&report)
+                && report.stop == crate::egraph::extract::ExtractStop::Exhausted);
+            if every_grid && stuck {
+                let left = limit.saturating_sub(started.elapsed());
+                let share = if matches!(
+                    report.stop,
+                    crate::egraph::extract::ExtractStop::NothingRanked(_)
+                ) {
+                    left / 2
+                } else {
+                    left
+                };
+                if share > Duration::from_millis(100) {
+                    if let Ok(every) = ExtractGraph::with_every_stored_grid(g) {
+                        cx.diagnostics.push(Diagnostic::global(
+                            Severity::Remark,
+                            format!(
+                                "extract @{}: no candidate with a legal schedule ({} states): searching with every stored grid (`stored-grids=every`) for {:.1} s",
+                                g.name,
+                                report.expanded,
+                                rounded(share).as_secs_f64()
+                            ),
+                        ));
+                        crate::release_free_memory();
+                        let again = extractor
+                            .clone()
+                            .with_unranked_after(None)
+                            .with_time_limit(rounded(share))
+                            .run(&every);
+                        if ranked(&again)
+                            || report.stop == crate::egraph::extract::ExtractStop::Exhausted
+                        {
+                            report = again;
+                            x = every;
+                        }
+                    }
+                }
+            }
             if let crate::egraph::extract::ExtractStop::NothingRanked(s) = report.stop {
                 cx.diagnostics.push(Diagnostic::global(
                     Severity::Remark,
@@ -528,10 +585,7 @@ impl Pass for ExtractPass {
                     .clone()
                     .with_unranked_after(None)
                     .with_hole_order(HoleOrder::Walk)
-                    .with_time_limit(Duration::from_secs_f64(
-                        (limit.saturating_sub(started.elapsed()).as_secs_f64() * 10.0).round()
-                            / 10.0,
-                    ))
+                    .with_time_limit(rounded(limit.saturating_sub(started.elapsed())))
                     .run(&x);
             }
             // The search's seen-set and worklist are gone: what the output may use is measured
@@ -847,6 +901,7 @@ fn search_counters(
         "pruned_over_max_kernels": report.over_kernels,
         "pruned_pointwise_kernels": report.pointwise_kernels,
         "pruned_dead_components": report.dead_components,
+        "pruned_store_read_in_kernel": report.store_read_in_kernel,
         "pruned_computing_twice": report.recomputed,
         "forced_picks": report.forced,
         "pruned_equivalent": report.equivalent,

@@ -62,6 +62,10 @@ pub struct ExtractGraph<'a> {
     /// validity — so its branch is pruned before it is pushed, and a class whose e-nodes are
     /// one and its swap is resolved by unit propagation.
     pub(super) unswapped: Vec<Vec<u32>>,
+    /// Built with every stored grid: a tiled class keeps its `combination` e-nodes even
+    /// where another operator may read it, and the search refuses a program in which one
+    /// does (`validity::store_read_in_kernel`).
+    pub(super) every_grid: bool,
 }
 
 /// How a program can read the components of a tuple-typed class: whole (it is a result, or
@@ -77,7 +81,7 @@ impl<'a> ExtractGraph<'a> {
     /// refuses whatever program holds it (`lower::lowerable`), and only e-nodes all of whose
     /// children have some finite acyclic lowerable term. Fails when a result has none.
     pub fn new(g: &'a TypedEGraph) -> Result<ExtractGraph<'a>, String> {
-        Self::build(g, true, false)
+        Self::build(g, true, false, false)
     }
 
     /// [`ExtractGraph::new`] keeping the combinations of tiles that only other combinations
@@ -85,20 +89,27 @@ impl<'a> ExtractGraph<'a> {
     /// not known to be exact with them: on the saturated softmax–matmul core it finds a class
     /// fewer than compaction after completion (tests/extract_compaction.rs).
     pub fn with_stored_grids(g: &'a TypedEGraph) -> Result<ExtractGraph<'a>, String> {
-        Self::build(g, true, true)
+        Self::build(g, true, true, false)
+    }
+
+    /// [`ExtractGraph::with_stored_grids`] keeping every combination of tiles: a tile stored
+    /// along two grid axes whose class another program reads inside a kernel (see `build`).
+    pub fn with_every_stored_grid(g: &'a TypedEGraph) -> Result<ExtractGraph<'a>, String> {
+        Self::build(g, true, true, true)
     }
 
     /// [`ExtractGraph::new`] keeping the e-nodes `lower` refuses on their own: the search
     /// builds programs with them and the backend refuses them once complete (to measure what
     /// leaving them out saves).
     pub fn with_unlowerable_enodes(g: &'a TypedEGraph) -> Result<ExtractGraph<'a>, String> {
-        Self::build(g, false, false)
+        Self::build(g, false, false, false)
     }
 
     fn build(
         g: &'a TypedEGraph,
         prune_unlowerable: bool,
         stored_grids: bool,
+        every_grid: bool,
     ) -> Result<ExtractGraph<'a>, String> {
         let eg = &g.egraph;
         let mut ids: Vec<Id> = eg.classes().map(|c| c.id).collect();
@@ -152,24 +163,33 @@ impl<'a> ExtractGraph<'a> {
         // candidates of their own; a hand-tiled program whose only form combines inside a
         // kernel keeps it. With `stored_grids`, a class only combinations read is part of a
         // store: combining it along one axis and then another stores each tile of a
-        // two-dimensional grid (`lower::plan`), a kernel of its own.
-        let mut read_by_other = vec![!stored_grids; nodes.len()];
-        for ns in &nodes {
-            for (n, kids) in ns {
-                if !matches!(n.op, Op::Combination(..)) {
-                    for k in kids {
-                        read_by_other[*k as usize] = true;
+        // two-dimensional grid (`lower::plan`), a kernel of its own. That is judged per class:
+        // a class some operator of *any* program reads loses its combinations, which leaves
+        // `BxTxH · HxH` with no stored `(b, t)` grid (the batch tile is what another
+        // program's reduction reads). `every_grid` keeps every combination and has the search
+        // refuse a program in which another operator reads one (`store_read_in_kernel`): more
+        // programs, searched when the others have no legal schedule.
+        if !every_grid {
+            // Stored grids alone: a class an operator other than a combination reads, in
+            // any program, loses its combinations.
+            let mut read_by_other = vec![!stored_grids; nodes.len()];
+            for ns in &nodes {
+                for (n, kids) in ns {
+                    if !matches!(n.op, Op::Combination(..)) {
+                        for k in kids {
+                            read_by_other[*k as usize] = true;
+                        }
                     }
                 }
             }
-        }
-        for (c, ns) in nodes.iter_mut().enumerate() {
-            let in_kernel = |n: &ENode| matches!(n.op, Op::Combination(..));
-            if tiled(eg[ids[c]].data.as_ref())
-                && read_by_other[c]
-                && ns.iter().any(|(n, _)| !in_kernel(n))
-            {
-                ns.retain(|(n, _)| !in_kernel(n));
+            for (c, ns) in nodes.iter_mut().enumerate() {
+                let in_kernel = |n: &ENode| matches!(n.op, Op::Combination(..));
+                if tiled(eg[ids[c]].data.as_ref())
+                    && read_by_other[c]
+                    && ns.iter().any(|(n, _)| !in_kernel(n))
+                {
+                    ns.retain(|(n, _)| !in_kernel(n));
+                }
             }
         }
         // E-nodes `lower` refuses in any program are never picked.
@@ -402,6 +422,7 @@ impl<'a> ExtractGraph<'a> {
             g,
             unlowerable,
             first_unlowerable,
+            every_grid,
             info,
             components,
             gets_held,

@@ -213,6 +213,9 @@ pub struct ExtractReport {
     /// Partial or complete programs pruned for a tuple reduction with a component no
     /// completion reads (see `dead_component`).
     pub dead_components: usize,
+    /// Partial programs pruned for a store read inside its own kernel (stored grids only:
+    /// `validity::store_read_in_kernel`).
+    pub store_read_in_kernel: usize,
     /// Partial programs pruned as ≈ₚ one already taken (early compaction only).
     pub equivalent: usize,
     /// Programs pruned by rank-bounded extraction: their bound is above the `top`-th best

@@ -163,11 +163,20 @@ pub(super) struct LoweringQueue<'scope> {
     /// How many programs of each class wait.
     pub(super) classes: FxHashMap<Vec<u32>, usize>,
     pub(super) early: bool,
+    /// The search step (programs taken) at which each waiting program was sent, and the
+    /// step now (`poll_due`).
+    pub(super) sent_at: std::collections::VecDeque<usize>,
+    pub(super) now: usize,
 }
 
 /// Waiting programs past this many hold the search until the worker catches up: each holds
 /// two choices.
 pub(super) const MAX_WAITING: usize = 256;
+
+/// `poll_due`: a verdict is recorded once this many programs were taken after its program
+/// was sent, or once more than `DUE_WAITING` programs wait.
+pub(super) const DUE_STEPS: usize = 1024;
+pub(super) const DUE_WAITING: usize = 64;
 
 impl<'scope> LoweringQueue<'scope> {
     pub(super) fn new<'env>(
@@ -219,6 +228,8 @@ impl<'scope> LoweringQueue<'scope> {
             waiting: Default::default(),
             classes: Default::default(),
             early,
+            sent_at: Default::default(),
+            now: 0,
         }
     }
 
@@ -245,6 +256,7 @@ impl<'scope> LoweringQueue<'scope> {
             if jobs.send((class_form.clone(), program)).is_ok() {
                 *self.classes.entry(class_form.clone()).or_default() += 1;
                 self.waiting.push_back((class_form, choice, cost, refusal));
+                self.sent_at.push_back(self.now);
                 return;
             }
         }
@@ -271,6 +283,7 @@ impl<'scope> LoweringQueue<'scope> {
         let Some((class_form, choice, cost, refusal)) = self.waiting.pop_front() else {
             return false;
         };
+        self.sent_at.pop_front();
         if let Some(n) = self.classes.get_mut(&class_form) {
             *n -= 1;
             if *n == 0 {
@@ -298,6 +311,20 @@ impl<'scope> LoweringQueue<'scope> {
     /// Records the verdicts that are in.
     pub(super) fn poll(&mut self, out: &mut Outcomes) {
         while self.receive(out, false) {}
+    }
+
+    /// Records the verdicts due at search step `now` (`DUE_STEPS`, `DUE_WAITING`), waiting
+    /// for them, and no other: which verdicts the search has seen at each step does not
+    /// depend on the worker's timing. Rank-bounded extraction prunes by the estimates
+    /// recorded, so with `poll` its output would.
+    pub(super) fn poll_due(&mut self, out: &mut Outcomes, now: usize) {
+        self.now = now;
+        while let Some(&sent) = self.sent_at.front() {
+            let due = self.waiting.len() > DUE_WAITING || now.saturating_sub(sent) >= DUE_STEPS;
+            if !due || !self.receive(out, true) {
+                break;
+            }
+        }
     }
 
     /// Waits until few enough programs wait.

@@ -23,8 +23,8 @@ use super::queue::{rebuilt, LoweringQueue, Outcomes, Refusal};
 use super::reach::{has, open_reach, reaches, readable_resolved, Marks};
 use super::validity::{
     computed_once, computes_twice_directly, dead_component, leaves_component_unreachable,
-    loads_only, loads_only_after_pick, required_get, unreachable_from_holes, unread_components,
-    OnceScratch,
+    loads_only, loads_only_after_pick, required_get, store_read_in_kernel, unreachable_from_holes,
+    unread_components, OnceScratch,
 };
 use super::worklist::Worklist;
 use super::{
@@ -49,6 +49,7 @@ struct Counts {
     recomputed: usize,
     pointwise_kernels: usize,
     dead_components: usize,
+    store_read_in_kernel: usize,
     equivalent: usize,
     forced: usize,
     /// Programs pruned by rank-bounded extraction's bound.
@@ -284,7 +285,11 @@ impl<'scope, 'env> Search<'scope, 'env> {
     /// verdict. The reason to stop, if any.
     fn take(&mut self, at: u32, facts: &mut WalkFacts) -> Option<ExtractStop> {
         if let Some(q) = self.queue.as_mut() {
-            q.poll(&mut self.out);
+            if self.ex.rank_bound.is_some() {
+                q.poll_due(&mut self.out, self.n.taken);
+            } else {
+                q.poll(&mut self.out);
+            }
         }
         self.n.taken += 1;
         if self.n.taken == 1 || self.n.taken % 256 == 0 {
@@ -518,6 +523,10 @@ impl<'scope, 'env> Search<'scope, 'env> {
         let resolved = (facts.visited.as_slice(), facts.met.as_slice());
         if !computed_once(x, &self.s, resolved, settled, &mut self.once_scratch) {
             self.n.recomputed += 1;
+            return false;
+        }
+        if store_read_in_kernel(x, &self.s, &facts.met) {
+            self.n.store_read_in_kernel += 1;
             return false;
         }
         if self.ex.prune_dead_components && dead_component(x, &self.s, &facts.met, settled) {
@@ -1092,6 +1101,7 @@ impl<'scope, 'env> Search<'scope, 'env> {
             recomputed: n.recomputed,
             pointwise_kernels: n.pointwise_kernels,
             dead_components: n.dead_components + deferred.count(Refusal::DeadComponent),
+            store_read_in_kernel: n.store_read_in_kernel,
             forced: n.forced,
             equivalent: n.equivalent + deferred.equivalent,
             over_bound: n.over_bound,

@@ -547,3 +547,31 @@ impl OnceScratch {
         self.other_use.clear();
     }
 }
+
+/// With every stored grid (`ExtractGraph::with_every_stored_grid`): whether an operator other than a
+/// `combination` reads a tiled class the program computes by `combination` — a store read
+/// inside its own kernel, which `lower` refuses. Once both picks are made every completion
+/// has them, so the verdict holds for all.
+pub(super) fn store_read_in_kernel(x: &ExtractGraph, choice: &Choice, met: &[u32]) -> bool {
+    if !x.every_grid {
+        return false;
+    }
+    let combines = |k: u32| {
+        let p = choice[k as usize];
+        p != NONE
+            && class_tiled(x, k)
+            && matches!(
+                x.nodes[k as usize][p as usize].0.op,
+                Op::Combination(..) | Op::Collection(_)
+            )
+    };
+    met.iter().any(|&c| {
+        let p = choice[c as usize];
+        if p == NONE {
+            return false;
+        }
+        let (node, kids) = &x.nodes[c as usize][p as usize];
+        !matches!(node.op, Op::Combination(..) | Op::Collection(_))
+            && kids.iter().any(|&k| combines(k))
+    })
+}
