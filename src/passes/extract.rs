@@ -55,6 +55,22 @@ choice! {
     }
 }
 
+/// The searches a rank-bounded extraction that ranks nothing tries next, in this order.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fallback {
+    EveryGrid,
+    WalkOrder,
+}
+
+impl Fallback {
+    fn what(self) -> &'static str {
+        match self {
+            Fallback::EveryGrid => "with every stored grid (`stored-grids=every`)",
+            Fallback::WalkOrder => "in walk order",
+        }
+    }
+}
+
 choice! {
     /// `extract{compaction=…}`.
     pub enum CompactionChoice {
@@ -520,73 +536,92 @@ impl Pass for ExtractPass {
             }
             let started = Instant::now();
             let mut report = extractor.run(&x);
-            // Tiles stored by a grid of two axes whose class some other program reads inside a
-            // kernel (`stored-grids=every`) may have a legal schedule where nothing else has:
-            // a `BxTxH · HxH` product keeps its tiles small only on a `(b, t)` grid. Searched
-            // for half the time left once the first search ranks nothing.
-            let every_grid =
-                extractor.rank_bound.is_some() && self.stored_grids == StoredGrids::Auto;
+            // A rank-bounded search that ranks nothing (no candidate with a legal schedule, by
+            // a third of its time or exhausted) gives the time left to other searches in turn,
+            // each an equal share of what is left, until one ranks a candidate:
+            // - every stored grid (`stored-grids=every`, under `auto`): a `BxTxH · HxH`
+            //   product keeps its tiles small only stored by a two-axis grid whose class
+            //   another program reads inside a kernel;
+            // - walk order (most constrained hole first can dive into programs that hold
+            //   whole large tiles: differential attention).
             let ranked = |r: &crate::egraph::extract::ExtractReport| {
                 r.candidates.iter().any(|c| c.estimate.is_some())
             };
-            let rounded =
-                |d: Duration| Duration::from_secs_f64((d.as_secs_f64() * 10.0).round() / 10.0);
-            let stuck = matches!(
-                report.stop,
-                crate::egraph::extract::ExtractStop::NothingRanked(_)
-            ) || (!ranked(&report)
-                && report.stop == crate::egraph::extract::ExtractStop::Exhausted);
-            if every_grid && stuck {
-                let left = limit.saturating_sub(started.elapsed());
-                let share = if matches!(
-                    report.stop,
-                    crate::egraph::extract::ExtractStop::NothingRanked(_)
-                ) {
-                    left / 2
-                } else {
-                    left
-                };
-                if share > Duration::from_millis(100) {
-                    if let Ok(every) = ExtractGraph::with_every_stored_grid(g) {
-                        cx.diagnostics.push(Diagnostic::global(
-                            Severity::Remark,
-                            format!(
-                                "extract @{}: no candidate with a legal schedule ({} states): searching with every stored grid (`stored-grids=every`) for {:.1} s",
-                                g.name,
-                                report.expanded,
-                                rounded(share).as_secs_f64()
-                            ),
-                        ));
-                        crate::release_free_memory();
-                        let again = extractor
-                            .clone()
-                            .with_unranked_after(None)
-                            .with_time_limit(rounded(share))
-                            .run(&every);
-                        if ranked(&again)
-                            || report.stop == crate::egraph::extract::ExtractStop::Exhausted
-                        {
-                            report = again;
-                            x = every;
+            let unranked_at = match report.stop {
+                crate::egraph::extract::ExtractStop::NothingRanked(s) => Some(s),
+                _ => None,
+            };
+            if extractor.rank_bound.is_some()
+                && !ranked(&report)
+                && (unranked_at.is_some()
+                    || report.stop == crate::egraph::extract::ExtractStop::Exhausted)
+            {
+                let auto = self.stored_grids == StoredGrids::Auto;
+                let mut steps = Vec::new();
+                if auto {
+                    steps.push(Fallback::EveryGrid);
+                }
+                if unranked_at.is_some() {
+                    steps.push(Fallback::WalkOrder);
+                }
+                let n = steps.len();
+                for (i, step) in steps.into_iter().enumerate() {
+                    let left = limit.saturating_sub(started.elapsed()) / (n - i) as u32;
+                    let share = Duration::from_secs_f64((left.as_secs_f64() * 10.0).round() / 10.0);
+                    if share < Duration::from_millis(100) {
+                        break;
+                    }
+                    let graph = match step {
+                        Fallback::EveryGrid => Some(ExtractGraph::with_every_stored_grid(g)),
+                        Fallback::WalkOrder => None,
+                    };
+                    if let Some(Err(_)) = graph {
+                        continue;
+                    }
+                    let after = match (i, unranked_at) {
+                        (0, Some(s)) => format!(" after {s:.1} s"),
+                        _ => String::new(),
+                    };
+                    cx.diagnostics.push(Diagnostic::global(
+                        Severity::Remark,
+                        format!(
+                            "extract @{}: no candidate with a legal schedule{after} ({} states{}): searching {} for {:.1} s",
+                            g.name,
+                            report.expanded,
+                            if i == 0 && unranked_at.is_some() {
+                                ", most constrained hole first"
+                            } else {
+                                ""
+                            },
+                            step.what(),
+                            share.as_secs_f64()
+                        ),
+                    ));
+                    crate::release_free_memory();
+                    let mut again = extractor
+                        .clone()
+                        .with_unranked_after(None)
+                        .with_time_limit(share);
+                    if step == Fallback::WalkOrder {
+                        again = again.with_hole_order(HoleOrder::Walk);
+                    }
+                    match graph {
+                        Some(Ok(other)) => {
+                            let r = again.run(&other);
+                            if ranked(&r) {
+                                report = r;
+                                x = other;
+                                break;
+                            }
+                        }
+                        _ => {
+                            report = again.run(&x);
+                            if ranked(&report) {
+                                break;
+                            }
                         }
                     }
                 }
-            }
-            if let crate::egraph::extract::ExtractStop::NothingRanked(s) = report.stop {
-                cx.diagnostics.push(Diagnostic::global(
-                    Severity::Remark,
-                    format!(
-                        "extract @{}: no candidate with a legal schedule after {s:.1} s ({} states, most constrained hole first): searching in walk order for the rest of the time",
-                        g.name, report.expanded
-                    ),
-                ));
-                crate::release_free_memory();
-                report = extractor
-                    .clone()
-                    .with_unranked_after(None)
-                    .with_hole_order(HoleOrder::Walk)
-                    .with_time_limit(rounded(limit.saturating_sub(started.elapsed())))
-                    .run(&x);
             }
             // The search's seen-set and worklist are gone: what the output may use is measured
             // from what is live now.
