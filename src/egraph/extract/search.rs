@@ -311,6 +311,12 @@ impl<'scope, 'env> Search<'scope, 'env> {
             return Some(ExtractStop::TimeLimit(self.ex.time_limit.as_secs_f64()));
         }
         if let Some(t) = self.ex.unranked_after.filter(|t| elapsed > *t) {
+            // Verdicts are recorded late (`poll_due`): the programs sent so far decide.
+            if self.out.best.is_empty() {
+                if let Some(q) = self.queue.as_mut() {
+                    q.drain(&mut self.out);
+                }
+            }
             if self.ex.rank_bound.is_some() && self.out.best.is_empty() {
                 return Some(ExtractStop::NothingRanked(t.as_secs_f64()));
             }
