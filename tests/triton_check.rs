@@ -155,6 +155,22 @@ fn masked_first_tiles_and_one_row_queries_run_and_compile() {
     }
 }
 
+/// A one-row LM head written with a literal 1 (`tests/corpus/lm_head_literal_row.ef`): its
+/// softmax kernels run on a grid of one program over the row (axis `n1`), a block of 16 or
+/// 32 over an extent of 1 masked to the row.
+#[test]
+fn literal_one_row_grids_run_and_compile() {
+    let summary = check_file(
+        "tests/corpus/lm_head_literal_row.ef",
+        &[],
+        "saturate,extract{max-candidates=40},triton-check{compile=sm_90 blocks=16,32 sample=6}",
+    );
+    assert!(
+        count(&summary, " kernel compilation") > 0,
+        "lm_head_literal_row: {summary}"
+    );
+}
+
 /// Folds that skip the key tiles their mask removes entirely and mask only the tiles it does
 /// not keep entirely (`tests/lit/lower/masked_folds.ef`): causal, sliding-window (narrower
 /// and wider than a tile; late rows' first key tiles fully masked) and sink masks, prefill

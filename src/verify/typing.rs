@@ -387,9 +387,6 @@ pub fn infer(
                     t.shape[i]
                 ));
             }
-            if t.shape[i].is_one() {
-                return err("a dimension of size 1 cannot be partitioned");
-            }
             let mut out = t.clone();
             out.par.0.insert(*axis, ParKind::Partition(i));
             Ok(Type::Tensor(out))

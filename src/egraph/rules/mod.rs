@@ -250,6 +250,22 @@ pub fn axis_at(shape: &[Dim], d: usize) -> Option<String> {
     Some(nth_axis(&base, earlier))
 }
 
+/// The axis for dimension `d` of `shape` as [`axis_at`] names it, or, for a literal 1, `n1`
+/// (`n1_2` for the second literal 1 of the shape…). A reduction's kept literal 1s are split
+/// only where every dimension ahead of the reduced one is a literal 1: a one-row batch
+/// written `1xH` then gets a grid of one
+/// program over the row, whose loads of a stored value are other e-classes than the tiles
+/// that computed it (without one, a softmax over a stored `1xV` product could only
+/// recompute the product). Products and pointwise values are not split along a literal 1:
+/// programs full of size-1 dimensions would hold ten times the e-classes.
+pub fn axis_at_or_one(shape: &[Dim], d: usize) -> Option<String> {
+    if !shape.get(d)?.is_one() {
+        return axis_at(shape, d);
+    }
+    let earlier = shape[..d].iter().filter(|e| e.is_one()).count();
+    Some(nth_axis("n1", earlier))
+}
+
 /// True when `axis` is free in every given state.
 pub fn fresh(axis: &str, states: &[&ParState]) -> bool {
     states.iter().all(|s| s.get(axis).is_none())

@@ -29,9 +29,19 @@ fn is_scalar_literal(t: &TensorType) -> bool {
     t.shape.is_empty() && t.par.is_empty()
 }
 
-/// The view of pointwise operand `x` for output dimension `d` of rank `out_rank` along `a`:
-/// partitioned if it spans the dimension, replicated if it broadcasts along it.
-fn operand_view(eg: &EGraph, x: Id, d: usize, out_rank: usize, a: Sym) -> Option<Term> {
+/// The view of pointwise operand `x` for output dimension `d` (`out_dim`) of rank
+/// `out_rank` along `a`: partitioned if it spans the dimension, replicated if it broadcasts
+/// along it. An extent 1 broadcasts only against a larger dimension: where the output's
+/// dimension is a literal 1 too (a one-row batch written `1xH`), every operand with it
+/// spans it and is partitioned with the output.
+fn operand_view(
+    eg: &EGraph,
+    x: Id,
+    d: usize,
+    out_rank: usize,
+    out_dim: &Dim,
+    a: Sym,
+) -> Option<Term> {
     let t = tensor_type(eg, x)?;
     if is_scalar_literal(t) {
         return Some(cls(x));
@@ -41,7 +51,7 @@ fn operand_view(eg: &EGraph, x: Id, d: usize, out_rank: usize, a: Sym) -> Option
     }
     let off = out_rank as isize - t.rank() as isize;
     let l = d as isize - off;
-    if l >= 0 && !t.shape[l as usize].is_one() {
+    if l >= 0 && (!t.shape[l as usize].is_one() || out_dim.is_one()) {
         let l = l as usize;
         if t.par.partitioner_of(l).is_some() {
             return None;
@@ -65,7 +75,7 @@ fn pointwise_partition_in(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
         let views: Option<Vec<Term>> = f
             .children
             .iter()
-            .map(|x| operand_view(eg, *x, *d, ti.rank(), *a))
+            .map(|x| operand_view(eg, *x, *d, ti.rank(), &ti.shape[*d], *a))
             .collect();
         if let Some(views) = views {
             out.push(node(f.op.clone(), views));
@@ -162,6 +172,10 @@ fn pointwise_combination_out(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
                 continue;
             };
             let d = dl + rank - tx.rank();
+            // A tiled extent-1 dimension cannot broadcast against a larger one.
+            if tx.shape[*dl].is_one() && !tout.shape[d].is_one() {
+                continue;
+            }
             let mut ops = Vec::new();
             let mut ok = true;
             for (j, y) in n.children.iter().enumerate() {
@@ -182,7 +196,7 @@ fn pointwise_combination_out(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
                 });
                 match same {
                     Some(src) => ops.push(cls(src)),
-                    None => match operand_view(eg, *y, d, rank, *a) {
+                    None => match operand_view(eg, *y, d, rank, &tout.shape[d], *a) {
                         Some(v) => ops.push(v),
                         None => ok = false,
                     },

@@ -265,11 +265,13 @@ fn matmul_split_batch(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
         else {
             continue;
         };
-        // An operand's batch dim aligned to `ob`, if it has one of full size.
+        // An operand's batch dim aligned to `ob`, if it has one of full size (a literal 1
+        // is full size where the product's batch dimension is a literal 1 too).
+        let out_one = m.out.shape[ob].is_one();
         let local = |rank: usize, t: &TensorType| -> Option<usize> {
             let off = nb as isize - (rank as isize - 2);
             let l = ob as isize - off;
-            (l >= 0 && !t.shape[l as usize].is_one()).then_some(l as usize)
+            (l >= 0 && (!t.shape[l as usize].is_one() || out_one)).then_some(l as usize)
         };
         let view = |rank: usize, t: &TensorType, id: Id| match local(rank, t) {
             Some(d) if t.par.partitioner_of(d).is_none() => Some(part(d, &axis, cls(id))),
@@ -296,11 +298,20 @@ fn reduce_split_kept(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
     let (Some(tx), Some(_)) = (tensor_type(eg, x), tensor_type(eg, class)) else {
         return;
     };
+    let only_literal_ones_ahead = tx.shape[..*dim].iter().all(Dim::is_one);
     for d in 0..tx.rank() {
-        if d == *dim || tx.par.partitioner_of(d).is_some() || tx.shape[d].is_one() {
+        // A literal 1 is split only ahead of the reduced dimension and where no other
+        // dimension ahead of it could be a grid (a one-row batch, `1xV`): elsewhere — a
+        // decode query's `1` beside its batch and heads, the size-1 dimensions `keep_dims`
+        // leaves behind, those of the partial results a collection stacks — the grid has
+        // axes already, and splitting would only multiply the e-classes.
+        if d == *dim || tx.par.partitioner_of(d).is_some() {
             continue;
         }
-        let Some(axis) = axis_at(&tx.shape, d).filter(|a| fresh(a, &[&tx.par])) else {
+        if tx.shape[d].is_one() && (d > *dim || !only_literal_ones_ahead) {
+            continue;
+        }
+        let Some(axis) = axis_at_or_one(&tx.shape, d).filter(|a| fresh(a, &[&tx.par])) else {
             continue;
         };
         let out_d = if *keep_dims || d < *dim { d } else { d - 1 };
