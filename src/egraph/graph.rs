@@ -23,6 +23,11 @@ pub struct TypeAnalysis {
     pub reduction_reach: std::sync::OnceLock<ReductionReach>,
     /// The type of the e-node being added, when the caller has just inferred it.
     pub known_type: Option<Type>,
+    /// The function's result classes, as the runner last canonicalised them.
+    pub results: Vec<Id>,
+    /// Set by the runner once the other rules have saturated: rules that refine what no
+    /// other rule tiled (`refine-result`) look only then, when that is known.
+    pub late: bool,
 }
 
 impl egg::Analysis<ENode> for TypeAnalysis {
@@ -161,6 +166,8 @@ fn new_egraph(reducers: &[ReducerDef], bindings: &[Binding]) -> EGraph {
         parallel_reductions: Vec::new(),
         reduction_reach: std::sync::OnceLock::new(),
         known_type: None,
+        results: Vec::new(),
+        late: false,
         env: TypeEnv::for_bindings(reducers, bindings),
         conflicts: 0,
     })

@@ -160,7 +160,9 @@ impl Runner {
         let mut dirty_log: Vec<Change> = Vec::new();
         let mut seen: Vec<Option<usize>> = vec![None; rules.len()];
         let mut last_search = Duration::ZERO;
+        g.egraph.analysis.late = false;
         let stop = loop {
+            g.egraph.analysis.results = g.roots.iter().map(|r| g.egraph.find(*r)).collect();
             if iterations >= self.iter_limit {
                 break StopReason::IterationLimit(self.iter_limit);
             }
@@ -182,8 +184,9 @@ impl Runner {
                 .enumerate()
                 .filter(|(ri, _)| banned_until[*ri] <= iterations)
                 .map(|(ri, rule)| {
-                    let since =
-                        seen[ri].filter(|_| self.incremental && rule.reach != Reach::EGraph);
+                    let since = seen[ri].filter(|_| {
+                        self.incremental && !matches!(rule.reach, Reach::EGraph | Reach::Late)
+                    });
                     if let Some(k) = since {
                         scopes
                             .entry(k)
@@ -384,6 +387,11 @@ impl Runner {
                 || g.egraph.number_of_classes() != classes_before;
             let waiting = banned_until.iter().any(|&b| b > iterations);
             if !changed && !waiting {
+                // Once, at the fixpoint of the other rules: the late rules look then.
+                if !g.egraph.analysis.late && rules.iter().any(|r| r.reach == Reach::Late) {
+                    g.egraph.analysis.late = true;
+                    continue;
+                }
                 break StopReason::Saturated;
             }
         };
@@ -477,7 +485,7 @@ impl Revisit {
         match reach {
             Reach::Own => Revisit::Fresh,
             Reach::Node => Revisit::ForNodeReaders,
-            Reach::ClassNodes | Reach::EGraph => Revisit::ForClassReaders,
+            Reach::ClassNodes | Reach::EGraph | Reach::Late => Revisit::ForClassReaders,
         }
     }
 }

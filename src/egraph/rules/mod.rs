@@ -121,6 +121,10 @@ pub enum Reach {
     /// it with a producer anywhere; product fusion pairs independent reductions anywhere):
     /// every e-node is searched every iteration.
     EGraph,
+    /// Like `EGraph`, and the finder proposes nothing until the other rules have saturated
+    /// (`TypeAnalysis::late`): the runner then runs one more iteration for it. For rules that
+    /// refine what no other rule refined, which is known only then.
+    Late,
 }
 
 /// The kind of e-node a rule matches at, as egg indexes patterns by their root operator.
@@ -251,9 +255,9 @@ pub fn axis_at(shape: &[Dim], d: usize) -> Option<String> {
 }
 
 /// The axis for dimension `d` of `shape` as [`axis_at`] names it, or, for a literal 1, `n1`
-/// (`n1_2` for the second literal 1 of the shape…). A reduction's kept literal 1s are split
-/// only where every dimension ahead of the reduced one is a literal 1: a one-row batch
-/// written `1xH` then gets a grid of one
+/// (`n1_2` for the second literal 1 of the shape…). A reduction splits a kept literal 1 only
+/// where it is the leading dimension and every dimension ahead of the reduced one is a
+/// literal 1: a one-row batch written `1xH` then gets a grid of one
 /// program over the row, whose loads of a stored value are other e-classes than the tiles
 /// that computed it (without one, a softmax over a stored `1xV` product could only
 /// recompute the product). Products and pointwise values are not split along a literal 1:

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::ir::{BuiltinReducer, ParKind, ReducerRef};
+use std::collections::HashMap;
 
 #[rustfmt::skip]
 pub static RULES: &[Rule] = &[
@@ -17,6 +18,7 @@ pub static RULES: &[Rule] = &[
     Rule { name: "matmul-split-mnk", family: Family::Refinement, equation: "matmul(A,B) = combination[M,m](combination[N,n](reduce tile_matmul(partition[K,k](replicate[n](partition[M,m](A))), partition[K,k](partition[N,n](replicate[m](B)))) parallel=k reducer=@add))", root: Root::MatMul, find: matmul_split_mnk, reach: Reach::Node },
     Rule { name: "matmul-split-batch", family: Family::Refinement, equation: "matmul(A,B) = combination[Bt,b](matmul(partition[Bt,b](A), partition[Bt,b](B)))  (replicate for a broadcast operand)", root: Root::MatMul, find: matmul_split_batch, reach: Reach::Node },
     Rule { name: "reduce-split-kept", family: Family::Refinement, equation: "reduce X axis=K = combination[M,m](reduce partition[M,m](X) axis=K)  (M a kept dimension)", root: Root::ReduceAxis, find: reduce_split_kept, reach: Reach::Node },
+    Rule { name: "refine-result",    family: Family::Refinement, equation: "R = combination[D,d](partition[D,d](R))  (R a pointwise result no rule tiled)", root: Root::Pointwise, find: refine_result, reach: Reach::Late },
     Rule { name: "reduce-split-reduced", family: Family::Refinement, equation: "reduce X axis=K reducer=@r = reduce (reduce partition[K,k](X) axis=K reducer=@r) parallel=k reducer=@r  (@r associative)", root: Root::ReduceAxis, find: reduce_split_reduced, reach: Reach::Node },
 ];
 
@@ -298,17 +300,22 @@ fn reduce_split_kept(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
     let (Some(tx), Some(_)) = (tensor_type(eg, x), tensor_type(eg, class)) else {
         return;
     };
-    let only_literal_ones_ahead = tx.shape[..*dim].iter().all(Dim::is_one);
+    // A reduction of a constant (an `iota` of key positions) is computed where it is used.
+    let leaf = nodes(eg, x)
+        .iter()
+        .any(|m| matches!(m.op, Op::Iota(..) | Op::Fill(..) | Op::Constant(..)));
+    let only_literal_ones_ahead =
+        !leaf && tx.par.is_empty() && tx.shape[..*dim].iter().all(Dim::is_one);
     for d in 0..tx.rank() {
-        // A literal 1 is split only ahead of the reduced dimension and where no other
-        // dimension ahead of it could be a grid (a one-row batch, `1xV`): elsewhere — a
-        // decode query's `1` beside its batch and heads, the size-1 dimensions `keep_dims`
-        // leaves behind, those of the partial results a collection stacks — the grid has
-        // axes already, and splitting would only multiply the e-classes.
+        // A literal 1 is split only where it leads and every dimension ahead of the
+        // reduced one is a literal 1 (a one-row batch, `1xV`): elsewhere — a decode query's
+        // `1` beside its batch and heads, the size-1 dimensions `keep_dims` leaves behind,
+        // those of the partial results a collection stacks, a constant, tiles — the grid
+        // has axes already or needs none, and splitting would only multiply the e-classes.
         if d == *dim || tx.par.partitioner_of(d).is_some() {
             continue;
         }
-        if tx.shape[d].is_one() && (d > *dim || !only_literal_ones_ahead) {
+        if tx.shape[d].is_one() && (d > 0 || !only_literal_ones_ahead) {
             continue;
         }
         let Some(axis) = axis_at_or_one(&tx.shape, d).filter(|a| fresh(a, &[&tx.par])) else {
@@ -359,4 +366,55 @@ fn reduce_split_reduced(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
         },
         vec![inner],
     ));
+}
+
+/// A function result computed by a pointwise operator that, once the other rules have
+/// saturated, no rule tiled (its class has no `combination`): tiles along each dimension,
+/// which `pointwise-partition-in` carries into its operands. Without it such a result is a
+/// kernel of its own (a residual sum returned beside its normalisation was 5 kernels);
+/// with it, its tiles meet those of another result's kernel that reads the same operands,
+/// and one kernel stores both. Only results, only untiled ones, and no constant (a mask
+/// computed from `iota`, which is as cheap to write in one block as in any tiling): refining
+/// every pointwise value would multiply the e-classes of every program.
+fn refine_result(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
+    if !eg.analysis.late || !Op::is_pointwise(&n.op) {
+        return;
+    }
+    if !eg.analysis.results.iter().any(|r| eg.find(*r) == class) {
+        return;
+    }
+    let Some(t) = tensor_type(eg, class) else {
+        return;
+    };
+    if !t.par.is_empty()
+        || nodes(eg, class)
+            .iter()
+            .any(|m| matches!(m.op, Op::Combination(..)))
+        || constant(eg, class, &mut HashMap::default())
+    {
+        return;
+    }
+    for d in 0..t.rank() {
+        if let Some(axis) = axis_at(&t.shape, d) {
+            out.push(comb(d, &axis, part(d, &axis, cls(class))));
+        }
+    }
+}
+
+/// Whether class `c` is a constant expression: some e-node of it is a `fill`, `constant` or
+/// `iota`, or an operator whose operands all are. `known` memoises the verdicts (a class
+/// being decided counts as not constant, so a cycle through it decides nothing).
+fn constant(eg: &EGraph, c: Id, known: &mut HashMap<Id, bool>) -> bool {
+    let c = eg.find(c);
+    if let Some(v) = known.get(&c) {
+        return *v;
+    }
+    known.insert(c, false);
+    let found = nodes(eg, c).iter().any(|m| match m.op {
+        Op::Iota(..) | Op::Fill(..) | Op::Constant(..) => true,
+        Op::Input(..) => false,
+        _ => !m.children.is_empty() && m.children.iter().all(|k| constant(eg, *k, known)),
+    });
+    known.insert(c, found);
+    found
 }
