@@ -79,6 +79,12 @@ fn saturated(text: &str) -> TypedEGraph {
     g
 }
 
+/// `examples/NAME.ef`, saturated.
+fn saturated_example(name: &str) -> TypedEGraph {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("examples/{name}.ef"));
+    saturated(&std::fs::read_to_string(path).expect("example exists"))
+}
+
 /// `scale` multiplies the bound, `words` divides the largest tile a kernel holds: both 1.0
 /// but for the mutations the test catches.
 fn rank_bound(g: &TypedEGraph, top: usize, scale: f64, words: f64) -> RankBound {
@@ -297,11 +303,7 @@ fn rank_bounded_extraction_returns_the_exhaustive_top_k_and_an_inadmissible_boun
 /// for RMSNorm + GEMM than an idle one.
 #[test]
 fn rank_bounded_output_does_not_depend_on_the_workers_pace() {
-    let text = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/rmsnorm_gemm.ef"),
-    )
-    .unwrap();
-    let g = saturated(&text);
+    let g = saturated_example("rmsnorm_gemm");
     let x = ExtractGraph::new(&g).unwrap();
     let run = |delay: Option<Duration>| {
         let mut rb = rank_bound(&g, 4, 1.0, 1.0);
@@ -342,11 +344,7 @@ fn rank_bounded_output_does_not_depend_on_the_workers_pace() {
 /// "nothing ranked" then would be wrong.
 #[test]
 fn nothing_ranked_waits_for_the_estimates_already_sent() {
-    let text = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/rmsnorm_swiglu.ef"),
-    )
-    .unwrap();
-    let g = saturated(&text);
+    let g = saturated_example("rmsnorm_swiglu");
     let x = ExtractGraph::new(&g).unwrap();
     let mut rb = rank_bound(&g, 10, 1.0, 1.0);
     let score = rb.score.clone();

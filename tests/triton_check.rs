@@ -160,14 +160,21 @@ fn masked_first_tiles_and_one_row_queries_run_and_compile() {
 /// 32 over an extent of 1 masked to the row.
 #[test]
 fn literal_one_row_grids_run_and_compile() {
-    let summary = check_file(
-        "tests/corpus/lm_head_literal_row.ef",
-        &[],
-        "saturate,extract{max-candidates=40},triton-check{compile=sm_90 blocks=16,32 sample=6}",
-    );
+    let file = "tests/corpus/lm_head_literal_row.ef";
+    let passes =
+        "saturate,extract{max-candidates=40},triton-check{compile=sm_90 blocks=16,32 sample=6}";
+    let summary = check_file(file, &[], passes);
     assert!(
         count(&summary, " kernel compilation") > 0,
         "lm_head_literal_row: {summary}"
+    );
+    // Some checked candidate runs a kernel on the one-program grid over the row.
+    let (_, stdout, _) = efopt(file, &[], passes, &[]);
+    assert!(
+        stdout.lines().any(|l| l.starts_with("// triton-check ")
+            && l.contains("\"BLOCK_n1\"")
+            && l.contains(": ok")),
+        "no candidate with an n1 grid was run:\n{stdout}"
     );
 }
 

@@ -267,13 +267,11 @@ fn matmul_split_batch(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
         else {
             continue;
         };
-        // An operand's batch dim aligned to `ob`, if it has one of full size (a literal 1
-        // is full size where the product's batch dimension is a literal 1 too).
-        let out_one = m.out.shape[ob].is_one();
+        // An operand's batch dim aligned to `ob`, if it has one of full size.
         let local = |rank: usize, t: &TensorType| -> Option<usize> {
             let off = nb as isize - (rank as isize - 2);
             let l = ob as isize - off;
-            (l >= 0 && (!t.shape[l as usize].is_one() || out_one)).then_some(l as usize)
+            (l >= 0 && !t.shape[l as usize].is_one()).then_some(l as usize)
         };
         let view = |rank: usize, t: &TensorType, id: Id| match local(rank, t) {
             Some(d) if t.par.partitioner_of(d).is_none() => Some(part(d, &axis, cls(id))),
