@@ -60,6 +60,11 @@ choice! {
 enum Fallback {
     EveryGrid,
     WalkOrder,
+    /// The source function partitioned (`partition`), each subgraph saturated and searched on
+    /// its own and their candidates composed: values crossing a cut are stored, which frees
+    /// each part's tiling from the others' (a LayerNorm over channels before a product whose
+    /// rows are the channels: MLP-Mixer's token mixing).
+    Partitioned,
 }
 
 impl Fallback {
@@ -67,6 +72,7 @@ impl Fallback {
         match self {
             Fallback::EveryGrid => "with every stored grid (`stored-grids=every`)",
             Fallback::WalkOrder => "in walk order",
+            Fallback::Partitioned => "partitioned, each subgraph saturated and searched on its own",
         }
     }
 }
@@ -160,6 +166,9 @@ pub struct ExtractOptions {
     pub device: DeviceChoice,
     /// `part-time-limit`: the search of each subgraph of a composition.
     pub part_time_limit: Seconds,
+    /// `partition-fallback`: a whole function whose rank-bounded search ranks nothing is
+    /// searched partitioned for the time left.
+    pub partition_fallback: bool,
 }
 
 impl Default for ExtractOptions {
@@ -179,6 +188,7 @@ impl Default for ExtractOptions {
             top: 0,
             device: DeviceChoice::H100,
             part_time_limit: Seconds(5.0),
+            partition_fallback: true,
         }
     }
 }
@@ -212,8 +222,11 @@ pass_options!(ExtractOptions {
         "the GPU model rank-bounded extraction estimates on (data/devices.json); unset, a following `rank`'s";
     "part-time-limit" => part_time_limit: OptionKind::Float,
         "stop the search of each subgraph a composition calls (`partition`) after this many seconds, keeping the best found";
+    "partition-fallback" => partition_fallback: OptionKind::Bool,
+        "where a rank-bounded search of a whole function ranks nothing (no candidate with a legal schedule) after the other fallbacks, search the function partitioned (as `partition` does: values crossing a cut are stored) for its share of the time, each subgraph saturated with every rule family and searched on its own, and compose their candidates. Off when the preceding `saturate` chooses its `families`";
 });
 
+#[derive(Clone)]
 pub struct ExtractPass {
     compaction: Compaction,
     hole_order: HoleOrder,
@@ -229,6 +242,7 @@ pub struct ExtractPass {
     part_time_limit: Seconds,
     /// Whether the output's candidates are run against their source (`super::net`).
     check_candidates: bool,
+    partition_fallback: bool,
     /// What the output's memory limit reads: the process's resident size. (A test gives it
     /// another, to stop the output where it chooses.)
     resident_mib: fn() -> Option<usize>,
@@ -272,6 +286,7 @@ impl NamedPass for ExtractPass {
             device: o.device,
             part_time_limit: o.part_time_limit,
             check_candidates: o.check_candidates,
+            partition_fallback: o.partition_fallback,
             resident_mib: crate::egraph::extract::resident_mib,
         }
     }
@@ -398,6 +413,49 @@ impl ExtractPass {
         }
         cx.report.push(line);
         Ok(out)
+    }
+
+    /// The partitioned fallback: `functions` (a partition's subgraph functions and their
+    /// composition) saturated with every family and extracted in `share`, the parts' time
+    /// split evenly. The composed candidates, checked against the source by `compose`.
+    fn search_partitioned(
+        &self,
+        functions: Vec<Function>,
+        reducers: &[crate::ir::ReducerDef],
+        share: Duration,
+        cx: &mut PassContext,
+    ) -> Result<Vec<Function>, Vec<Diagnostic>> {
+        let start = Instant::now();
+        let parts = functions.len().saturating_sub(1).max(1);
+        let mut sub = Module {
+            reducers: reducers.to_vec(),
+            funcs: functions,
+            egraphs: Vec::new(),
+        };
+        crate::verify::verify_module(&mut sub)?;
+        // The nested passes' counters would replace this pass's.
+        let counters = std::mem::take(&mut cx.counters);
+        let mut saturate = super::saturate::SaturatePass::with_options(
+            super::saturate::SaturateOptions {
+                partition_above: 0,
+                ..Default::default()
+            },
+            OptionSpans::default(),
+        );
+        let result = saturate.run(&mut sub, cx).and_then(|()| {
+            // Tenths of a second, as the other fallbacks' shares.
+            let tenths = |s: f64| (s * 10.0).floor() / 10.0;
+            let left = tenths(share.saturating_sub(start.elapsed()).as_secs_f64());
+            let mut extract = ExtractPass {
+                time_limit: Seconds(left),
+                part_time_limit: Seconds(tenths(left / parts as f64).min(self.part_time_limit.0)),
+                partition_fallback: false,
+                ..self.clone()
+            };
+            extract.run(&mut sub, cx)
+        });
+        cx.counters = counters;
+        result.map(|()| sub.funcs)
     }
 
     /// Rank-bounded extraction's bound and scorer (`top` > 0), on `device`.
@@ -551,6 +609,7 @@ impl Pass for ExtractPass {
                 crate::egraph::extract::ExtractStop::NothingRanked(s) => Some(s),
                 _ => None,
             };
+            let mut composed: Option<Vec<Function>> = None;
             if extractor.rank_bound.is_some()
                 && !ranked(&report)
                 && (unranked_at.is_some()
@@ -564,6 +623,20 @@ impl Pass for ExtractPass {
                 if unranked_at.is_some() {
                     steps.push(Fallback::WalkOrder);
                 }
+                // The function as written (not one a dump holds, nor a subgraph).
+                let split = if self.partition_fallback && !is_part {
+                    cx.original
+                        .funcs
+                        .iter()
+                        .find(|f| f.name == g.name && !crate::partition::has_calls(f))
+                        .and_then(fallback_partition)
+                } else {
+                    None
+                };
+                if split.is_some() {
+                    steps.push(Fallback::Partitioned);
+                }
+                let mut split = split;
                 let n = steps.len();
                 for (i, step) in steps.into_iter().enumerate() {
                     let left = limit.saturating_sub(started.elapsed()) / (n - i) as u32;
@@ -573,7 +646,7 @@ impl Pass for ExtractPass {
                     }
                     let graph = match step {
                         Fallback::EveryGrid => Some(ExtractGraph::with_every_stored_grid(g)),
-                        Fallback::WalkOrder => None,
+                        Fallback::WalkOrder | Fallback::Partitioned => None,
                     };
                     if let Some(Err(_)) = graph {
                         continue;
@@ -598,6 +671,24 @@ impl Pass for ExtractPass {
                         ),
                     ));
                     crate::release_free_memory();
+                    if step == Fallback::Partitioned {
+                        let Some(p) = split.take() else { break };
+                        cx.report.push(p.line);
+                        match self.search_partitioned(p.functions, &module.reducers, share, cx) {
+                            Ok(fs) if !fs.is_empty() => composed = Some(fs),
+                            Ok(_) => {}
+                            Err(ds) => {
+                                // Why the partitioned search gave nothing, as remarks: the
+                                // error below is the whole function's.
+                                for mut d in ds {
+                                    d.severity = Severity::Remark;
+                                    d.message = format!("(partitioned fallback) {}", d.message);
+                                    cx.diagnostics.push(d);
+                                }
+                            }
+                        }
+                        break;
+                    }
                     let mut again = extractor
                         .clone()
                         .with_unranked_after(None)
@@ -628,6 +719,23 @@ impl Pass for ExtractPass {
             crate::release_free_memory();
             if shown.load(std::sync::atomic::Ordering::Relaxed) {
                 eprintln!();
+            }
+            if let Some(fs) = composed {
+                cx.diagnostics.push(Diagnostic::global(
+                    Severity::Remark,
+                    format!(
+                        "extract @{}: {} candidate(s) composed from its partitioned search (the whole function's search ranked none)",
+                        g.name,
+                        fs.len()
+                    ),
+                ));
+                let mut row = search_counters(&report);
+                row.insert("egraph".into(), g.name.clone().into());
+                row.insert("fallback".into(), "partitioned".into());
+                row.insert("output".into(), fs.len().into());
+                per_graph.push(serde_json::Value::Object(row));
+                funcs.extend(fs);
+                continue;
             }
             if report.stop != crate::egraph::extract::ExtractStop::Exhausted {
                 cx.diagnostics.push(Diagnostic::global(
@@ -814,6 +922,20 @@ impl Pass for ExtractPass {
         module.funcs = funcs;
         Ok(())
     }
+}
+
+/// How the partitioned fallback splits `f`: at the default subgraph size, or in two or more
+/// where `f` is smaller (`partition` keeps the cut that moves the fewest bytes); `None` when
+/// `f` has fewer than two compute nodes or no cut.
+fn fallback_partition(f: &Function) -> Option<super::partition::Partitioned> {
+    let nodes = crate::partition::compute_nodes(f);
+    if nodes < 2 {
+        return None;
+    }
+    let size = super::partition::PartitionOptions::default()
+        .size
+        .min(nodes - 1);
+    super::partition::partition_function(f, size).ok().flatten()
 }
 
 /// What the net found on one e-graph's output: its report line and `--stats=json` object.

@@ -197,6 +197,30 @@ fn rank_bounded(specs: &[PassSpec]) -> Vec<PassSpec> {
     out
 }
 
+/// `extract`'s partitioned fallback saturates the parts with every rule family: after a
+/// `saturate` that chose its `families`, the fallback is off (unless `extract` sets it), so
+/// the pipeline keeps the rules it asked for.
+fn fallback_families(specs: &[PassSpec]) -> Vec<PassSpec> {
+    let mut out = specs.to_vec();
+    let set = |s: &PassSpec, k: &str| s.options.iter().any(|o| o.name == k);
+    for i in 0..out.len() {
+        if out[i].name != "extract" || set(&out[i], "partition-fallback") {
+            continue;
+        }
+        let chose = specs[..i]
+            .iter()
+            .rev()
+            .find(|s| s.name == "saturate")
+            .is_some_and(|s| set(s, "families"));
+        if chose {
+            out[i] = out[i]
+                .clone()
+                .with("partition-fallback", "false".to_string());
+        }
+    }
+    out
+}
+
 impl PassManager {
     /// An empty pipeline.
     pub fn new(config: PipelineConfig) -> PassManager {
@@ -221,7 +245,7 @@ impl PassManager {
         let reg = registry();
         let mut pm = PassManager::new(config);
         let mut errors = Vec::new();
-        let specs = rank_bounded(specs);
+        let specs = fallback_families(&rank_bounded(specs));
         for spec in &specs {
             let Some(info) = reg.iter().find(|p| p.name == spec.name) else {
                 errors.push(Diagnostic::error(
