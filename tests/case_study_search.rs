@@ -2,8 +2,12 @@
 //! candidate the rank model predicts at least as fast as the hand-written optimised form the
 //! paper describes (`examples/*_fused.ef`, ranked by the same model): attention with sinks,
 //! sliding-window GQA and differential attention (its optimised form 762.63 us; the search
-//! found 1,964.64 us in 30 s before the two-order worklist, 588.98 us in 10 s after). mhc and
-//! qknorm_mla are not claimed: their optimised forms have no legal schedule under the model.
+//! found 1,964.64 us in 30 s before the two-order worklist, 588.98 us in 10 s after), mhc (its
+//! optimised form with the coefficient products folded in chunks, 46.33 us; written unchunked it
+//! had no legal schedule). qknorm_mla is not claimed: its absorbed form is tensor-level, and
+//! the best the search finds from either form at 10 s is ~4.29 ms, an attention kernel of one
+//! program, where the same attention without the query projection gets 65 us (the note of
+//! 2026-11-28 says why).
 
 use std::path::Path;
 use std::process::Command;
@@ -37,16 +41,25 @@ fn best_us(file: &str, passes: &str) -> f64 {
 
 #[test]
 fn case_study_search_matches_or_beats_the_optimised_forms() {
-    for name in [
-        "attention_sinks",
-        "sliding_window_gqa",
-        "differential_attention",
+    // (case study, its optimised form, how the optimised form is priced: each is tiled as
+    // written and ranked as is).
+    let search = "saturate,extract{time-limit=10},rank{top=10}";
+    for (name, optimised, priced) in [
+        ("attention_sinks", "attention_sinks_fused", "rank{top=1}"),
+        (
+            "sliding_window_gqa",
+            "sliding_window_gqa_fused",
+            "rank{top=1}",
+        ),
+        (
+            "differential_attention",
+            "differential_attention_fused",
+            "rank{top=1}",
+        ),
+        ("mhc", "mhc_fused", "rank{top=1}"),
     ] {
-        let fused = best_us(&format!("examples/{name}_fused.ef"), "rank{top=1}");
-        let found = best_us(
-            &format!("examples/{name}.ef"),
-            "saturate,extract{time-limit=10},rank{top=10}",
-        );
+        let fused = best_us(&format!("examples/{optimised}.ef"), priced);
+        let found = best_us(&format!("examples/{name}.ef"), search);
         println!("{name}: optimised form {fused:.2} us, search's best {found:.2} us");
         assert!(
             found <= fused * (1.0 + 1e-9),
