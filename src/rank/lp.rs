@@ -198,9 +198,8 @@ pub fn relax(m: &FunctionModel, dev: &Device) -> Option<(f64, Vec<f64>)> {
                     dram.groups.push(g);
                 }
             }
-            let store = Term::constant(m.axes.len(), k.store_bytes);
             let s = b.sum(
-                &[adjust(&store)],
+                &k.store_bytes.iter().map(adjust).collect::<Vec<_>>(),
                 scale * us / dev.dram_bytes_per_s,
                 m,
                 &lo,

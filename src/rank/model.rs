@@ -210,7 +210,9 @@ pub struct KernelModel {
     /// `None` for an axis of one tile.
     pub grid: Vec<Option<usize>>,
     pub reads: Vec<BufferRead>,
-    pub store_bytes: f64,
+    /// Bytes of the buffers it stores: a constant, except that a collection's leading
+    /// dimension holds one slice per tile of its axis.
+    pub store_bytes: Vec<Term>,
     /// Work by [`Unit`], summed over programs.
     pub work: [Vec<Term>; UNITS],
     /// `tl.dot` operand tiles (bytes), and whether the product sits in a loop (pipelined
@@ -449,7 +451,7 @@ impl<'p> FunctionModel<'p> {
                 KernelAtBlocks {
                     programs,
                     reads,
-                    store_bytes: k.store_bytes,
+                    store_bytes: sum(&k.store_bytes, &b, n, s),
                     work,
                     smem_fixed: smem.0,
                     smem_staged: smem.1,
@@ -698,6 +700,19 @@ impl Cx<'_, '_> {
         t
     }
 
+    /// `t` times dimension `d`: its size, or for a collection's extent `|a|` the tiles of `a`
+    /// (one slice per program of the kernel that stored it).
+    fn extent_or_size(&self, d: &DimBase, t: Term) -> Term {
+        match d {
+            DimBase::Extent(a) => t.times(&self.tiles(a.as_str())),
+            d => {
+                let mut t = t;
+                t.coeff *= self.size(d);
+                t
+            }
+        }
+    }
+
     /// Elements of one block of `t`: split dimensions at the block (clipped to the dimension
     /// for bytes), whole ones at their size (padded to a power of two, for work).
     fn block(&self, t: &TensorType, whole: &BTreeSet<String>, clipped: bool) -> Term {
@@ -714,6 +729,8 @@ impl Cx<'_, '_> {
                     }
                 }
                 Block::One => {}
+                // A whole collection extent: one slice per tile of its axis.
+                Block::Whole(DimBase::Extent(a)) => term = term.times(&self.tiles(a.as_str())),
                 Block::Whole(d) => {
                     let n = self.size(&d);
                     // The backend pads a whole dimension to a power of two (to 16 where a
@@ -892,12 +909,15 @@ impl Cx<'_, '_> {
             r.distinct.push(distinct);
             r.shared.push(shared);
         }
-        let mut store_bytes = 0.0;
+        let mut store_bytes = Vec::new();
         for s in &pk.stores {
             for key in &s.buffers {
                 if let Some(b) = p.buffer(*key) {
-                    let n: f64 = b.shape.iter().map(|d| self.size(d)).product();
-                    store_bytes += n * b.dtype.size_bytes() as f64;
+                    let bytes = b.shape.iter().fold(
+                        Term::constant(self.axes.len(), b.dtype.size_bytes() as f64),
+                        |t, d| self.extent_or_size(d, t),
+                    );
+                    store_bytes.push(bytes);
                 }
             }
         }
@@ -925,7 +945,7 @@ impl Cx<'_, '_> {
                     }
                 }
                 Block::One => {}
-                Block::Whole(d) => term.coeff *= self.size(d),
+                Block::Whole(d) => term = self.extent_or_size(d, term),
             }
         }
         term

@@ -532,6 +532,12 @@ pub(super) const AXIS_COUNT: f64 = 4.0;
 pub(super) const MEMORY: f64 = 4.0;
 /// Cost of a kernel launch.
 pub(super) const LAUNCH: f64 = 1.0e4;
+/// Work multiplier of what a kernel without grid axes computes (one program runs it). For
+/// the order only: 10 s searches, 2026-11-28, against none: qknorm_mla 4,287.86 → 143.41 us,
+/// differential attention 588.98 → 456.39, the corpus's ALiBi decode 78.88 → 121.20 (its
+/// best kept a one-program fold of the bias), 28 others the same; 4 to 256 alike, but 4
+/// left qknorm_mla at 4,323.71.
+pub(super) const SERIAL: f64 = 16.0;
 
 pub(super) fn extent(d: &crate::ir::Dim, bindings: &[crate::ir::Binding]) -> f64 {
     let base = match &d.base {
@@ -614,6 +620,10 @@ pub(super) fn node_cost(
         }
         Op::Partition(..) | Op::Replicate(_) => 1.0,
         Op::Combination(..) | Op::Collection(_) => MEMORY * out + exit,
+        // A tensor-level value computed from tiles without a combination: the kernel it ends
+        // has no grid axis, one program does all of it (an attention whose every head folds
+        // in one program). Its work counts as if serial.
+        _ if exit > 0.0 => SERIAL * widest + exit,
         op if !is_tiled && from_memory && is_compute(op) => {
             LAUNCH + MEMORY * (out + operands.iter().map(|t| volume(*t, bindings)).sum::<f64>())
         }
