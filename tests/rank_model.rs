@@ -186,3 +186,38 @@ fn a_replicated_load_a_recomputed_value_and_a_small_grid() {
         close(c.us, 2.0 + dram / 3.0e12 / (16.0 / 132.0) * 1e6);
     });
 }
+
+/// The paper's row sum with intermediate storage (examples/rowsum_collection.ef): each of the
+/// |p| programs stores its M partial sums, and the second kernel reads all |p| × M back. The
+/// stored buffer is `|p| x M`: its bytes grow with the tiles of `p` (before, the extent
+/// counted one slice, and a 65,536-program split's 268 MB store was priced at 8 KB).
+#[test]
+fn a_collection_stores_one_slice_per_tile() {
+    const ROWSUM: &str = "
+func rowsum where M = 64, K = 4096 {
+  x: tensor<MxK, f32> = input
+  x_tile = partition[K,p](x)
+  partial = reduce x_tile axis=K reducer=@add
+  stored = collection[p](partial)
+  output = reduce stored axis=0 reducer=@add
+  return output
+}
+";
+    let h100 = device("h100").unwrap();
+    with_model(ROWSUM, |model| {
+        assert_eq!(model.axes, ["p"]);
+        for block in [16u64, 64, 256] {
+            let c = model
+                .eval(h100, &point(model, &[("p", block)], 4, 1))
+                .expect("legal");
+            let tiles = 4096.0 / block as f64;
+            let slices = tiles * 64.0 * 4.0; // |p| slices of M f32 sums
+            let input = 64.0 * 4096.0 * 4.0;
+            assert_eq!(c.kernels.len(), 2);
+            assert_eq!(c.kernels[0].programs, tiles);
+            close(c.kernels[0].dram_bytes, input + slices);
+            // The second kernel reads every slice and writes M sums.
+            close(c.kernels[1].dram_bytes, slices + 64.0 * 4.0);
+        }
+    });
+}

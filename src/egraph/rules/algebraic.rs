@@ -98,12 +98,30 @@ fn scaled_operands(eg: &EGraph, x: Id) -> Vec<(BinaryOp, Id, Id)> {
         .collect()
 }
 
+/// Whether scaling a matrix-product operand (`X ∘ a`, typed `scaled`) rounds as scaling the
+/// product does: the scaled operand is f32, or `a` is a constant power of two (exact in any
+/// float format). A bf16 `X ∘ a` rounds the scaled operand to 8 bits; merged with the
+/// product scaled after its f32 accumulation, a softmax could take its maximum from one
+/// rounding and its normaliser from the other, off by exp(|score| · 2^-8) (a GPT block's
+/// attention at inputs of scale 30: relative error 0.19, `tests/lit/corpus/gpt_block_decode.ef`).
+fn scales_exactly(eg: &EGraph, scaled: crate::ir::DType, a: Id) -> bool {
+    scaled == crate::ir::DType::F32
+        || nodes(eg, a).iter().any(|m| match &m.op {
+            Op::Constant(bits, _) => {
+                let v = f64::from_bits(*bits).abs();
+                v > 0.0 && v.is_finite() && v.log2().fract() == 0.0
+            }
+            _ => false,
+        })
+}
+
 fn factor_out_lhs(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
     let Op::MatMul(acc) = n.op else { return };
     let Some(tx) = tensor_type(eg, n.children[0]) else {
         return;
     };
     let rank = tx.rank();
+    let scaled = tx.dtype;
     for (b, x, a) in scaled_operands(eg, n.children[0]) {
         let candidates: Vec<(Id, Id)> = if b == BinaryOp::Multiply {
             vec![(x, a), (a, x)]
@@ -118,7 +136,8 @@ fn factor_out_lhs(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
             let Some(row) = rank.checked_sub(1) else {
                 return;
             };
-            if tx2.rank() != rank || !invariant_at(ta, rank, row) {
+            if tx2.rank() != rank || !invariant_at(ta, rank, row) || !scales_exactly(eg, scaled, a)
+            {
                 continue;
             }
             let prod = node(Op::MatMul(acc), vec![cls(x), cls(n.children[1])]);
@@ -133,6 +152,7 @@ fn factor_out_rhs(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
         return;
     };
     let rank = tw.rank();
+    let scaled = tw.dtype;
     for (b, w, a) in scaled_operands(eg, n.children[1]) {
         let candidates: Vec<(Id, Id)> = if b == BinaryOp::Multiply {
             vec![(w, a), (a, w)]
@@ -146,7 +166,8 @@ fn factor_out_rhs(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
             let Some(col) = rank.checked_sub(2) else {
                 return;
             };
-            if tw2.rank() != rank || !invariant_at(ta, rank, col) {
+            if tw2.rank() != rank || !invariant_at(ta, rank, col) || !scales_exactly(eg, scaled, a)
+            {
                 continue;
             }
             let prod = node(Op::MatMul(acc), vec![cls(n.children[0]), cls(w)]);
@@ -177,7 +198,8 @@ fn factor_into_lhs(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
         let Some(tx) = tensor_type(eg, mm.children[0]) else {
             continue;
         };
-        if tx.rank() != rank {
+        // The scaled operand is typed as `X` is (a scalar factor takes the tensor's dtype).
+        if tx.rank() != rank || !scales_exactly(eg, tx.dtype, a) {
             continue;
         }
         let scaled = node(Op::Binary(b), vec![cls(mm.children[0]), cls(a)]);

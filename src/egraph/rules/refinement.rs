@@ -18,7 +18,7 @@ pub static RULES: &[Rule] = &[
     Rule { name: "matmul-split-mnk", family: Family::Refinement, equation: "matmul(A,B) = combination[M,m](combination[N,n](reduce tile_matmul(partition[K,k](replicate[n](partition[M,m](A))), partition[K,k](partition[N,n](replicate[m](B)))) parallel=k reducer=@add))", root: Root::MatMul, find: matmul_split_mnk, reach: Reach::Node },
     Rule { name: "matmul-split-batch", family: Family::Refinement, equation: "matmul(A,B) = combination[Bt,b](matmul(partition[Bt,b](A), partition[Bt,b](B)))  (replicate for a broadcast operand)", root: Root::MatMul, find: matmul_split_batch, reach: Reach::Node },
     Rule { name: "reduce-split-kept", family: Family::Refinement, equation: "reduce X axis=K = combination[M,m](reduce partition[M,m](X) axis=K)  (M a kept dimension)", root: Root::ReduceAxis, find: reduce_split_kept, reach: Reach::Node },
-    Rule { name: "refine-result",    family: Family::Refinement, equation: "R = combination[D,d](partition[D,d](R))  (R a pointwise, transpose or reshape result no rule tiled)", root: Root::Any, find: refine_result, reach: Reach::Late },
+    Rule { name: "refine-result",    family: Family::Refinement, equation: "R = combination[D,d](partition[D,d](R))  (R a pointwise or transpose result no rule tiled)", root: Root::Any, find: refine_result, reach: Reach::Late },
     Rule { name: "reduce-split-reduced", family: Family::Refinement, equation: "reduce X axis=K reducer=@r = reduce (reduce partition[K,k](X) axis=K reducer=@r) parallel=k reducer=@r  (@r associative)", root: Root::ReduceAxis, find: reduce_split_reduced, reach: Reach::Node },
 ];
 
@@ -366,7 +366,7 @@ fn reduce_split_reduced(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
     ));
 }
 
-/// A function result computed by a pointwise operator that, once the other rules have
+/// A function result computed by a pointwise operator (or a transpose) that, once the other rules have
 /// saturated, no rule tiled (its class has no `combination`): tiles along each dimension,
 /// which `pointwise-partition-in` carries into its operands. Without it such a result is a
 /// kernel of its own (a residual sum returned beside its normalisation was 5 kernels);
@@ -375,12 +375,11 @@ fn reduce_split_reduced(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
 /// computed from `iota`, which is as cheap to write in one block as in any tiling): refining
 /// every pointwise value would multiply the e-classes of every program.
 fn refine_result(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
-    // A transpose or reshape result is a view of its operand: tiled, its kernel copies
-    // blocks (a head split `transpose[1,2,0](reshape[MxNHxDH](k))` searched on its own has
-    // no other implementation than one block of the whole tensor).
-    if !eg.analysis.late
-        || !(Op::is_pointwise(&n.op) || matches!(n.op, Op::Transpose(_) | Op::Reshape(_)))
-    {
+    // A transpose result is a view of its operand: tiled, its kernel copies blocks (a head
+    // split `transpose[1,2,0](reshape[MxNHxDH](k))` searched on its own had no other
+    // implementation than one block of the whole tensor). Not a reshape: a result that is a
+    // reshape view is returned as one, and its tiles would have no program of their own.
+    if !eg.analysis.late || !(Op::is_pointwise(&n.op) || matches!(n.op, Op::Transpose(_))) {
         return;
     }
     if !eg.analysis.results.iter().any(|r| eg.find(*r) == class) {
