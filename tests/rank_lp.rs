@@ -17,7 +17,7 @@ const MAX_POINTS: u64 = 6000;
 fn candidates(example: &Path) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_efopt"))
         .arg(format!(
-            "--passes=saturate{{partition-above=0}},extract{{max-candidates={PER_EXAMPLE} time-limit=10 check-candidates=false}}"
+            "--passes=saturate{{partition-above=0}},extract{{max-candidates={PER_EXAMPLE} time-limit=30 check-candidates=false}}"
         ))
         .arg(example)
         .output()
