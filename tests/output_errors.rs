@@ -42,3 +42,66 @@ fn a_reader_closing_the_pipe_is_not_an_error() {
     assert_eq!(out.status.code(), Some(0), "stderr: {stderr}");
     assert!(!stderr.contains("cannot write"), "stderr: {stderr}");
 }
+
+/// `-o FILE` is replaced only by a run that succeeds: a failed run creates no file (before,
+/// an empty one) and leaves an existing one as it was; a run that succeeds replaces it and
+/// leaves no temporary file beside it; `-o /dev/null` is written, not replaced.
+#[test]
+fn a_failed_run_leaves_the_output_file_as_it_was() {
+    let dir = std::env::temp_dir().join(format!("efopt-output-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temporary directory");
+    let bad = dir.join("bad.ef");
+    std::fs::write(
+        &bad,
+        "func f {\n  x: tensor<4, f32> = input\n  return y\n}\n",
+    )
+    .expect("input");
+    let run = |input: &str, out: &std::path::Path| {
+        Command::new(env!("CARGO_BIN_EXE_efopt"))
+            .args(["--passes=verify", input, "-o"])
+            .arg(out)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .expect("efopt runs")
+    };
+    let fresh = dir.join("fresh.ef");
+    let out = run(bad.to_str().expect("utf-8 path"), &fresh);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(!fresh.exists(), "a failed run created {}", fresh.display());
+
+    let kept = dir.join("kept.ef");
+    std::fs::write(&kept, "earlier output\n").expect("earlier output");
+    let out = run(bad.to_str().expect("utf-8 path"), &kept);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        std::fs::read_to_string(&kept).expect("kept"),
+        "earlier output\n"
+    );
+
+    let out = run("examples/lora.ef", &kept);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(std::fs::read_to_string(&kept)
+        .expect("replaced")
+        .starts_with("func lora"));
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .expect("listing")
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect();
+    assert!(
+        names.iter().all(|n| !n.contains(".tmp")),
+        "left behind: {names:?}"
+    );
+
+    if std::path::Path::new("/dev/null").exists() {
+        let out = run("examples/lora.ef", std::path::Path::new("/dev/null"));
+        assert_eq!(out.status.code(), Some(0));
+        let meta = std::fs::metadata("/dev/null").expect("/dev/null");
+        assert!(!meta.is_file(), "/dev/null was replaced by a file");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -170,9 +170,15 @@ pub fn run(args: &[String]) -> i32 {
     } else {
         vec![(0, text.len())]
     };
+    // `-o FILE` is written to a file beside it, which replaces FILE only once the run
+    // succeeds: a failed run leaves FILE as it was, not empty or half written (as mlir-opt).
+    let mut output_file = None;
     let mut sink: Box<dyn Write> = match &opts.output {
-        Some(path) => match std::fs::File::create(path) {
-            Ok(file) => Box::new(std::io::BufWriter::new(file)),
+        Some(path) => match OutputFile::create(path) {
+            Ok((file, handle)) => {
+                output_file = Some(handle);
+                Box::new(std::io::BufWriter::new(file))
+            }
             Err(e) => {
                 eprintln!("error: cannot write `{path}`: {e}");
                 return 1;
@@ -264,10 +270,23 @@ pub fn run(args: &[String]) -> i32 {
                 Some(path) => eprintln!("error: cannot write `{path}`: {e}"),
                 None => eprintln!("error: cannot write to standard output: {e}"),
             }
+            if let Some(f) = output_file {
+                f.discard();
+            }
             return 1;
         }
     }
     drop(sink);
+    if let Some(f) = output_file {
+        if exit == 0 {
+            if let Err(e) = f.keep() {
+                eprintln!("error: cannot write `{}`: {e}", f.path);
+                return 1;
+            }
+        } else {
+            f.discard();
+        }
+    }
     for ((name, value), _) in opts.sets.iter().zip(&sets_applied).filter(|(_, a)| !**a) {
         eprintln!(
             "warning: --set {name}={value}: no function binds or uses `{name}`, and no e-graph binds it; \
@@ -295,6 +314,60 @@ pub fn run(args: &[String]) -> i32 {
         let _ = stderr.flush();
     }
     exit
+}
+
+/// Where `-o FILE` is written: a temporary file beside FILE, renamed over it by `keep`, or
+/// FILE itself where it is not a regular file (`/dev/null`, a pipe), which no rename may
+/// replace.
+struct OutputFile {
+    path: String,
+    temporary: Option<std::path::PathBuf>,
+}
+
+impl OutputFile {
+    fn create(path: &str) -> std::io::Result<(std::fs::File, OutputFile)> {
+        let target = std::path::Path::new(path);
+        let special = std::fs::metadata(target).is_ok_and(|m| !m.is_file());
+        let file_name = target.file_name().filter(|_| !special);
+        let Some(file_name) = file_name else {
+            let file = std::fs::File::create(target)?;
+            return Ok((
+                file,
+                OutputFile {
+                    path: path.into(),
+                    temporary: None,
+                },
+            ));
+        };
+        let temporary = target.with_file_name(format!(
+            ".{}.efopt-{}.tmp",
+            file_name.to_string_lossy(),
+            std::process::id()
+        ));
+        let file = std::fs::File::create(&temporary)?;
+        Ok((
+            file,
+            OutputFile {
+                path: path.into(),
+                temporary: Some(temporary),
+            },
+        ))
+    }
+
+    fn keep(&self) -> std::io::Result<()> {
+        match &self.temporary {
+            Some(t) => std::fs::rename(t, &self.path).inspect_err(|_| {
+                let _ = std::fs::remove_file(t);
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn discard(self) {
+        if let Some(t) = &self.temporary {
+            let _ = std::fs::remove_file(t);
+        }
+    }
 }
 
 /// `{ key: value }` with `value` moved in. `json!` would serialise a copy of it, and with

@@ -55,6 +55,58 @@ choice! {
     }
 }
 
+/// The seconds the subgraphs of a module's compositions share. A subgraph's search gets
+/// what is left of them divided by the subgraphs left, so one that ends early (exhausted, or
+/// its top proven) leaves its time to those after it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum PartsPool {
+    /// `part-time-limit` for each subgraph (the default).
+    PerPart,
+    /// These seconds for all of them (a `time-limit` the user chose, or a fallback's share).
+    Total(Seconds),
+}
+
+/// The time left to the subgraphs of a module's compositions, searched one after another.
+#[derive(Debug)]
+struct PartsBudget {
+    left: Duration,
+    parts_left: usize,
+}
+
+impl PartsBudget {
+    fn new(pool: PartsPool, part_time_limit: Seconds, parts: usize) -> PartsBudget {
+        let left = match pool {
+            PartsPool::PerPart => part_time_limit
+                .duration()
+                .saturating_mul(u32::try_from(parts).unwrap_or(u32::MAX)),
+            PartsPool::Total(s) => s.duration(),
+        };
+        PartsBudget {
+            left,
+            parts_left: parts,
+        }
+    }
+
+    /// The next subgraph's time limit: an equal share of what is left, in tenths of a second
+    /// (as the fallbacks' shares, so limits print alike), or milliseconds below a second.
+    fn next_share(&mut self) -> Duration {
+        let share = self.left / u32::try_from(self.parts_left.max(1)).unwrap_or(u32::MAX);
+        self.parts_left = self.parts_left.saturating_sub(1);
+        let unit = if share >= Duration::from_secs(1) {
+            10.0
+        } else {
+            1000.0
+        };
+        Duration::try_from_secs_f64((share.as_secs_f64() * unit).floor() / unit)
+            .unwrap_or(Duration::MAX)
+    }
+
+    /// A subgraph's search took `d`.
+    fn spent(&mut self, d: Duration) {
+        self.left = self.left.saturating_sub(d);
+    }
+}
+
 /// The searches a rank-bounded extraction that ranks nothing tries next, in this order.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Fallback {
@@ -221,7 +273,7 @@ pass_options!(ExtractOptions {
     "device" => device: OptionKind::Choice(DeviceChoice::WORDS),
         "the GPU model rank-bounded extraction estimates on (data/devices.json); unset, a following `rank`'s";
     "part-time-limit" => part_time_limit: OptionKind::Float,
-        "stop the search of each subgraph a composition calls (`partition`) after this many seconds, keeping the best found";
+        "stop the search of each subgraph a composition calls (`partition`) after this many seconds, keeping the best found; the subgraphs share their seconds, so one that ends early leaves its time to those after it. Unset while `time-limit` is set, the subgraphs share `time-limit`";
     "partition-fallback" => partition_fallback: OptionKind::Bool,
         "where a rank-bounded search of a whole function ranks nothing (no candidate with a legal schedule) after the other fallbacks, search the function partitioned (as `partition` does: values crossing a cut are stored) for its share of the time, each subgraph saturated with every rule family and searched on its own, and compose their candidates. Off when the preceding `saturate` chooses its `families`";
 });
@@ -240,6 +292,8 @@ pub struct ExtractPass {
     top: usize,
     device: DeviceChoice,
     part_time_limit: Seconds,
+    /// The seconds the subgraphs of compositions share (`parts_budget`).
+    parts_pool: PartsPool,
     /// Whether the output's candidates are run against their source (`super::net`).
     check_candidates: bool,
     partition_fallback: bool,
@@ -256,7 +310,7 @@ impl NamedPass for ExtractPass {
         "Enumerate the candidate programs of each e-graph (one per class of equivalent programs) as functions name.c0, name.c1, …".into()
     }
 
-    fn with_options(o: ExtractOptions, _: OptionSpans) -> ExtractPass {
+    fn with_options(o: ExtractOptions, spans: OptionSpans) -> ExtractPass {
         ExtractPass {
             compaction: match o.compaction {
                 CompactionChoice::Early => Compaction::Early,
@@ -285,6 +339,15 @@ impl NamedPass for ExtractPass {
             top: o.top,
             device: o.device,
             part_time_limit: o.part_time_limit,
+            // A `time-limit` the user chose is the whole search's, subgraphs included,
+            // unless `part-time-limit` is chosen too.
+            parts_pool: if spans.get("time-limit").is_some()
+                && spans.get("part-time-limit").is_none()
+            {
+                PartsPool::Total(o.time_limit)
+            } else {
+                PartsPool::PerPart
+            },
             check_candidates: o.check_candidates,
             partition_fallback: o.partition_fallback,
             resident_mib: crate::egraph::extract::resident_mib,
@@ -448,7 +511,8 @@ impl ExtractPass {
             let left = tenths(share.saturating_sub(start.elapsed()).as_secs_f64());
             let mut extract = ExtractPass {
                 time_limit: Seconds(left),
-                part_time_limit: Seconds(tenths(left / parts as f64).min(self.part_time_limit.0)),
+                part_time_limit: Seconds(tenths(left / parts as f64)),
+                parts_pool: PartsPool::Total(Seconds(left)),
                 partition_fallback: false,
                 ..self.clone()
             };
@@ -521,6 +585,11 @@ impl Pass for ExtractPass {
             .flat_map(crate::partition::compose::calls)
             .collect();
         let compose_top = if self.top > 0 { self.top } else { COMPOSE_TOP };
+        let mut parts_budget = PartsBudget::new(
+            self.parts_pool,
+            self.part_time_limit,
+            graphs.iter().filter(|g| callees.contains(&g.name)).count(),
+        );
         let mut parts: BTreeMap<String, Vec<(f64, Function)>> = BTreeMap::new();
         for g in &graphs {
             let is_part = callees.contains(&g.name);
@@ -562,7 +631,7 @@ impl Pass for ExtractPass {
             };
             let top = if is_part { compose_top } else { self.top };
             let limit = if is_part {
-                self.part_time_limit.duration()
+                parts_budget.next_share()
             } else {
                 self.time_limit.duration()
             };
@@ -713,6 +782,9 @@ impl Pass for ExtractPass {
                         }
                     }
                 }
+            }
+            if is_part {
+                parts_budget.spent(started.elapsed());
             }
             // The search's seen-set and worklist are gone: what the output may use is measured
             // from what is live now.
@@ -1307,5 +1379,50 @@ mod tests {
         if cfg!(target_os = "linux") {
             assert!(machine_mib().is_some_and(|m| m > 0));
         }
+    }
+
+    #[test]
+    fn subgraphs_share_their_time() {
+        let secs = |d: Duration| d.as_secs_f64();
+        // Default: part-time-limit each, and what one leaves goes to those after it.
+        let mut b = PartsBudget::new(PartsPool::PerPart, Seconds(5.0), 3);
+        assert_eq!(secs(b.next_share()), 5.0);
+        b.spent(Duration::from_millis(200));
+        assert_eq!(secs(b.next_share()), 7.4);
+        // One that ran past its share (a fallback, the output) takes from the last.
+        b.spent(Duration::from_secs(10));
+        assert_eq!(secs(b.next_share()), 4.8);
+        // A chosen time-limit is all the subgraphs get, whatever part-time-limit says.
+        let mut b = PartsBudget::new(PartsPool::Total(Seconds(3.0)), Seconds(5.0), 4);
+        assert_eq!(secs(b.next_share()), 0.75);
+        b.spent(Duration::from_millis(750));
+        assert_eq!(secs(b.next_share()), 0.75);
+        b.spent(Duration::from_millis(1450));
+        assert_eq!(secs(b.next_share()), 0.4);
+        b.spent(Duration::from_secs(9));
+        assert_eq!(secs(b.next_share()), 0.0);
+        // No limit stays no limit, with no overflow.
+        let mut b = PartsBudget::new(PartsPool::PerPart, Seconds(f64::INFINITY), 2);
+        assert!(b.next_share() > Duration::from_secs(1 << 40));
+    }
+
+    #[test]
+    fn a_chosen_time_limit_is_shared_by_the_subgraphs() {
+        let pass = |opts: &str| {
+            let mut spans = BTreeMap::new();
+            for o in opts.split_whitespace() {
+                spans.insert(o.to_string(), crate::diag::Span::default());
+            }
+            ExtractPass::with_options(ExtractOptions::default(), OptionSpans::from_map(spans))
+        };
+        assert_eq!(pass("").parts_pool, PartsPool::PerPart);
+        assert_eq!(
+            pass("time-limit").parts_pool,
+            PartsPool::Total(Seconds(60.0))
+        );
+        assert_eq!(
+            pass("time-limit part-time-limit").parts_pool,
+            PartsPool::PerPart
+        );
     }
 }

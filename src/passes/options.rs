@@ -142,6 +142,12 @@ impl OptionSpans {
     pub fn get(&self, name: &str) -> Option<Span> {
         self.0.get(name).copied()
     }
+
+    /// Options written at these spans (a test's).
+    #[cfg(test)]
+    pub fn from_map(spans: BTreeMap<String, Span>) -> OptionSpans {
+        OptionSpans(spans)
+    }
 }
 
 /// Every option's default as `--list-passes` writes it ("" for none), in table order.
