@@ -71,6 +71,9 @@ enum PartsPool {
 struct PartsBudget {
     left: Duration,
     parts_left: usize,
+    /// The even share: no part gets less, however long those before it ran (on a loaded
+    /// machine, past their shares), so none is left no time at all.
+    floor: Duration,
 }
 
 impl PartsBudget {
@@ -84,13 +87,15 @@ impl PartsBudget {
         PartsBudget {
             left,
             parts_left: parts,
+            floor: left / u32::try_from(parts.max(1)).unwrap_or(u32::MAX),
         }
     }
 
     /// The next subgraph's time limit: an equal share of what is left, in tenths of a second
     /// (as the fallbacks' shares, so limits print alike), or milliseconds below a second.
     fn next_share(&mut self) -> Duration {
-        let share = self.left / u32::try_from(self.parts_left.max(1)).unwrap_or(u32::MAX);
+        let share =
+            (self.left / u32::try_from(self.parts_left.max(1)).unwrap_or(u32::MAX)).max(self.floor);
         self.parts_left = self.parts_left.saturating_sub(1);
         let unit = if share >= Duration::from_secs(1) {
             10.0
@@ -273,7 +278,7 @@ pass_options!(ExtractOptions {
     "device" => device: OptionKind::Choice(DeviceChoice::WORDS),
         "the GPU model rank-bounded extraction estimates on (data/devices.json); unset, a following `rank`'s";
     "part-time-limit" => part_time_limit: OptionKind::Float,
-        "stop the search of each subgraph a composition calls (`partition`) after this many seconds, keeping the best found; the subgraphs share their seconds, so one that ends early leaves its time to those after it. Unset while `time-limit` is set, the subgraphs share `time-limit`";
+        "stop the search of each subgraph a composition calls (`partition`) after this many seconds, keeping the best found; the subgraphs share their seconds, so one that ends early leaves its time to those after it (none gets less than this). Unset while `time-limit` is set, the subgraphs share `time-limit` (none gets less than an even share)";
     "partition-fallback" => partition_fallback: OptionKind::Bool,
         "where a rank-bounded search of a whole function ranks nothing (no candidate with a legal schedule) after the other fallbacks, search the function partitioned (as `partition` does: values crossing a cut are stored) for its share of the time, each subgraph saturated with every rule family and searched on its own, and compose their candidates. Off when the preceding `saturate` chooses its `families`";
 });
@@ -1389,18 +1394,19 @@ mod tests {
         assert_eq!(secs(b.next_share()), 5.0);
         b.spent(Duration::from_millis(200));
         assert_eq!(secs(b.next_share()), 7.4);
-        // One that ran past its share (a fallback, the output) takes from the last.
+        // One that ran past its share (a fallback, the output) takes from the last, down to
+        // the even share.
         b.spent(Duration::from_secs(10));
-        assert_eq!(secs(b.next_share()), 4.8);
+        assert_eq!(secs(b.next_share()), 5.0);
         // A chosen time-limit is all the subgraphs get, whatever part-time-limit says.
         let mut b = PartsBudget::new(PartsPool::Total(Seconds(3.0)), Seconds(5.0), 4);
         assert_eq!(secs(b.next_share()), 0.75);
         b.spent(Duration::from_millis(750));
         assert_eq!(secs(b.next_share()), 0.75);
-        b.spent(Duration::from_millis(1450));
-        assert_eq!(secs(b.next_share()), 0.4);
+        b.spent(Duration::from_millis(100));
+        assert_eq!(secs(b.next_share()), 1.0);
         b.spent(Duration::from_secs(9));
-        assert_eq!(secs(b.next_share()), 0.0);
+        assert_eq!(secs(b.next_share()), 0.75);
         // No limit stays no limit, with no overflow.
         let mut b = PartsBudget::new(PartsPool::PerPart, Seconds(f64::INFINITY), 2);
         assert!(b.next_share() > Duration::from_secs(1 << 40));

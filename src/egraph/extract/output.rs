@@ -112,6 +112,7 @@ pub fn reconstruct(x: &ExtractGraph, choice: &Choice, name: &str) -> Function {
         .iter()
         .map(|r| node_of[alias[*r as usize] as usize].unwrap_or(NodeId(0)))
         .collect();
+    tile_reshape_results(&mut body);
     Function {
         name: name.to_string(),
         name_span: x.g.name_span,
@@ -119,6 +120,68 @@ pub fn reconstruct(x: &ExtractGraph, choice: &Choice, name: &str) -> Function {
         body,
         comment: None,
         schedule: None,
+    }
+}
+
+/// A result that is a tensor-level reshape of a tensor-level value (`return
+/// reshape[TxNHxD](y)`) is copied into the result's buffer by a kernel of its own. Written as
+/// it is, that kernel is one program holding the whole tensor, which no schedule holds for
+/// any real size; it is returned as `combination[0,a](partition[0,a](reshape[…](y)))`
+/// instead, the same value, so the reshape is a view its tiles load and the copy kernel has a
+/// grid along the result's first dimension. The e-graph cannot hold this form: the tiles'
+/// class would be the result's own, a cycle no program can pick.
+fn tile_reshape_results(body: &mut Body) {
+    for k in 0..body.results.len() {
+        let r = body.results[k];
+        let Some(Type::Tensor(t)) = body.node(r).ty.clone() else {
+            continue;
+        };
+        let ExprKind::Reshape(_, y) = body.node(r).kind else {
+            continue;
+        };
+        if !t.par.is_empty() || crate::lower::tiled(body.ty(y)) {
+            continue;
+        }
+        // The first dimension that is not a literal 1 (a grid of one program tiles nothing).
+        let Some((d, axis)) = (0..t.rank())
+            .filter(|d| !t.shape[*d].is_one())
+            .find_map(|d| crate::egraph::rules::axis_at(&t.shape, d).map(|a| (d, a)))
+        else {
+            continue;
+        };
+        // An axis no kernel of the program has: the copy's block size is its own.
+        let used: std::collections::BTreeSet<Sym> = body
+            .nodes
+            .iter()
+            .filter_map(|n| match &n.ty {
+                Some(Type::Tensor(t)) => Some(t.par.axes().cloned().collect::<Vec<_>>()),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        let Some(axis) = (0..64)
+            .map(|i| Sym::from(crate::egraph::rules::nth_axis(&axis, i).as_str()))
+            .find(|a| !used.contains(a))
+        else {
+            continue;
+        };
+        let mut tile = t.clone();
+        tile.par.0.insert(axis, crate::ir::ParKind::Partition(d));
+        let part = body.push(Node {
+            kind: ExprKind::Partition(crate::ir::DimRef::Index(d), axis, r),
+            name: None,
+            annot: None,
+            span: Default::default(),
+            ty: Some(Type::Tensor(tile)),
+        });
+        let whole = body.push(Node {
+            kind: ExprKind::Combination(crate::ir::DimRef::Index(d), axis, part),
+            name: None,
+            annot: None,
+            span: Default::default(),
+            ty: Some(Type::Tensor(t)),
+        });
+        body.results[k] = whole;
     }
 }
 

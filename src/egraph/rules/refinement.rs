@@ -377,8 +377,9 @@ fn reduce_split_reduced(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
 fn refine_result(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
     // A transpose result is a view of its operand: tiled, its kernel copies blocks (a head
     // split `transpose[1,2,0](reshape[MxNHxDH](k))` searched on its own had no other
-    // implementation than one block of the whole tensor). Not a reshape: a result that is a
-    // reshape view is returned as one, and its tiles would have no program of their own.
+    // implementation than one block of the whole tensor). Not a reshape: its tiles' class
+    // would be the result's own; the extracted candidate tiles its copy instead
+    // (`extract/output.rs::tile_reshape_results`).
     if !eg.analysis.late || !(Op::is_pointwise(&n.op) || matches!(n.op, Op::Transpose(_))) {
         return;
     }
