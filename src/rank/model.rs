@@ -772,6 +772,7 @@ impl Cx<'_, '_> {
         let mut state_words = Vec::new();
         let mut values = Vec::new();
         let loaded: BTreeSet<NodeId> = pk.loads.iter().map(|l| l.node).collect();
+        let stored: BTreeSet<NodeId> = pk.stores.iter().map(|s| s.node).collect();
         let mut open: Vec<(Term, Option<usize>)> = Vec::new();
         let mut recent: Vec<NodeId> = Vec::new();
         let context = |open: &[(Term, Option<usize>)], node: Option<NodeId>| -> Term {
@@ -815,7 +816,16 @@ impl Cx<'_, '_> {
                             | ExprKind::Tuple(..)
                             | ExprKind::Get(..)
                     );
-                    if !view || loaded.contains(node) {
+                    // A view stored as it is (a broadcast result) is materialised whole.
+                    let stored_view = stored.contains(node)
+                        && !matches!(
+                            body.node(*node).kind,
+                            ExprKind::Combination(..)
+                                | ExprKind::Collection(..)
+                                | ExprKind::Tuple(..)
+                                | ExprKind::Get(..)
+                        );
+                    if !view || loaded.contains(node) || stored_view {
                         for (t, _) in self.blocks_of(body.ty(*node), whole) {
                             values.push(t);
                         }

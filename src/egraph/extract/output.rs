@@ -112,7 +112,7 @@ pub fn reconstruct(x: &ExtractGraph, choice: &Choice, name: &str) -> Function {
         .iter()
         .map(|r| node_of[alias[*r as usize] as usize].unwrap_or(NodeId(0)))
         .collect();
-    tile_reshape_results(&mut body);
+    tile_view_results(&mut body);
     Function {
         name: name.to_string(),
         name_span: x.g.name_span,
@@ -123,28 +123,32 @@ pub fn reconstruct(x: &ExtractGraph, choice: &Choice, name: &str) -> Function {
     }
 }
 
-/// A result that is a tensor-level reshape of a tensor-level value (`return
-/// reshape[TxNHxD](y)`) is copied into the result's buffer by a kernel of its own. Written as
-/// it is, that kernel is one program holding the whole tensor, which no schedule holds for
-/// any real size; it is returned as `combination[0,a](partition[0,a](reshape[…](y)))`
-/// instead, the same value, so the reshape is a view its tiles load and the copy kernel has a
-/// grid along the result's first dimension. The e-graph cannot hold this form: the tiles'
+/// A result that is a tensor-level reshape or concat of tensor-level values (`return
+/// reshape[TxNHxD](y)`, `return concat[1](a, b)`) is copied into the result's buffer by a
+/// kernel of its own. Written as it is, that kernel is one program holding the whole tensor,
+/// which no schedule holds for any real size; it is returned as
+/// `combination[0,a](partition[0,a](reshape[…](y)))` instead, the same value, so the reshape
+/// or concat is a view its tiles load and the copy kernel has a grid along the result's first
+/// dimension (not a concat's own). The e-graph cannot hold this form: the tiles'
 /// class would be the result's own, a cycle no program can pick.
-fn tile_reshape_results(body: &mut Body) {
+fn tile_view_results(body: &mut Body) {
     for k in 0..body.results.len() {
         let r = body.results[k];
         let Some(Type::Tensor(t)) = body.node(r).ty.clone() else {
             continue;
         };
-        let ExprKind::Reshape(_, y) = body.node(r).kind else {
-            continue;
+        // The operands, and the dimension a tile must hold whole (a concat's).
+        let (operands, joined) = match &body.node(r).kind {
+            ExprKind::Reshape(_, y) => (vec![*y], None),
+            ExprKind::Concat(crate::ir::DimRef::Index(d), ys) => (ys.clone(), Some(*d)),
+            _ => continue,
         };
-        if !t.par.is_empty() || crate::lower::tiled(body.ty(y)) {
+        if !t.par.is_empty() || operands.iter().any(|y| crate::lower::tiled(body.ty(*y))) {
             continue;
         }
         // The first dimension that is not a literal 1 (a grid of one program tiles nothing).
         let Some((d, axis)) = (0..t.rank())
-            .filter(|d| !t.shape[*d].is_one())
+            .filter(|d| !t.shape[*d].is_one() && Some(*d) != joined)
             .find_map(|d| crate::egraph::rules::axis_at(&t.shape, d).map(|a| (d, a)))
         else {
             continue;
