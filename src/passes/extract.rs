@@ -45,7 +45,8 @@ pub fn rank_scorer(env: &crate::verify::typing::TypeEnv, dev: &'static Device) -
 choice! {
     /// `extract{stored-grids=…}`.
     pub enum StoredGrids {
-        /// On with rank-bounded extraction (`top` > 0) for results of rank 3 or more; and
+        /// On with rank-bounded extraction (`top` > 0) for results of rank 3 or more (or
+        /// reshaped from such a value); and
         /// where that finds no candidate with a legal schedule, `every` for the time left.
         Auto = "auto",
         True = "true",
@@ -272,7 +273,7 @@ pass_options!(ExtractOptions {
     "check-candidates" => check_candidates: OptionKind::Bool,
         "run every candidate output against the function it was extracted from, in the reference interpreter at small sizes (unit and large inputs), and drop one that differs with a warning: a wrong candidate is a bug in efopt (`EFOPT_WRONG_CANDIDATES=error` makes it an error); `check{sample=0}` is the exhaustive check at the program's own sizes";
     "stored-grids" => stored_grids: OptionKind::Choice(StoredGrids::WORDS),
-        "`true`: also candidates that store tiles along two grid axes (`combination[0,b](combination[1,nh](t))`: attention split by batch and head), more candidates, and early compaction is not known to be exact with them, except where some program reads the tile inside a kernel; `every`: those too, refused per program (a `BxTxH · HxH` product stored by `(b, t)` tiles), more still; `auto`: `true` with rank-bounded extraction (`top`) for results of rank 3 or more (attention), off otherwise, and `every` for the time left where that finds no candidate with a legal schedule";
+        "`true`: also candidates that store tiles along two grid axes (`combination[0,b](combination[1,nh](t))`: attention split by batch and head), more candidates, and early compaction is not known to be exact with them, except where some program reads the tile inside a kernel; `every`: those too, refused per program (a `BxTxH · HxH` product stored by `(b, t)` tiles), more still; `auto`: `true` with rank-bounded extraction (`top`) for results of rank 3 or more (attention), or reshaped from such a value (heads merged), off otherwise, and `every` for the time left where that finds no candidate with a legal schedule";
     "top" => top: OptionKind::Int,
         "rank-bounded extraction: prune partial programs whose lower bound of the rank model's estimate is above the `top`-th best estimate found, and output the best `top` (exactly the top by `rank` once the search ends unstopped); 0 enumerates every class. Unset, a following `rank` sets it to its own `top`";
     "device" => device: OptionKind::Choice(DeviceChoice::WORDS),
@@ -606,10 +607,16 @@ impl Pass for ExtractPass {
                 // decode at B = 16: 1,478.94 us best without, 360.05 us with, 10 s each).
                 // Only results of rank 3 or more have two dimensions besides the one a
                 // kernel's tile spans; for the rest (MLPs) it only adds candidates.
+                // A result reshaped from one (heads merged into `BxH`) counts as one.
                 StoredGrids::Auto => {
+                    let rank3 = |c: egg::Id| matches!(&g.egraph[c].data, Some(crate::ir::Type::Tensor(t)) if t.shape.len() >= 3);
                     (self.top > 0 || is_part)
                         && g.roots.iter().any(|r| {
-                            matches!(&g.egraph[*r].data, Some(crate::ir::Type::Tensor(t)) if t.shape.len() >= 3)
+                            rank3(*r)
+                                || g.egraph[*r].nodes.iter().any(|n| {
+                                    matches!(n.op, crate::egraph::lang::Op::Reshape(..))
+                                        && n.children.iter().any(|c| rank3(*c))
+                                })
                         })
                 }
             };
