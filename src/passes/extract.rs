@@ -46,7 +46,7 @@ choice! {
     /// `extract{stored-grids=…}`.
     pub enum StoredGrids {
         /// On with rank-bounded extraction (`top` > 0) for results of rank 3 or more (or
-        /// reshaped from such a value); and
+        /// where heads are merged: such a value reshaped to fewer dimensions); and
         /// where that finds no candidate with a legal schedule, `every` for the time left.
         Auto = "auto",
         True = "true",
@@ -273,7 +273,7 @@ pass_options!(ExtractOptions {
     "check-candidates" => check_candidates: OptionKind::Bool,
         "run every candidate output against the function it was extracted from, in the reference interpreter at small sizes (unit and large inputs), and drop one that differs with a warning: a wrong candidate is a bug in efopt (`EFOPT_WRONG_CANDIDATES=error` makes it an error); `check{sample=0}` is the exhaustive check at the program's own sizes";
     "stored-grids" => stored_grids: OptionKind::Choice(StoredGrids::WORDS),
-        "`true`: also candidates that store tiles along two grid axes (`combination[0,b](combination[1,nh](t))`: attention split by batch and head), more candidates, and early compaction is not known to be exact with them, except where some program reads the tile inside a kernel; `every`: those too, refused per program (a `BxTxH · HxH` product stored by `(b, t)` tiles), more still; `auto`: `true` with rank-bounded extraction (`top`) for results of rank 3 or more (attention), or reshaped from such a value (heads merged), off otherwise, and `every` for the time left where that finds no candidate with a legal schedule";
+        "`true`: also candidates that store tiles along two grid axes (`combination[0,b](combination[1,nh](t))`: attention split by batch and head), more candidates, and early compaction is not known to be exact with them, except where some program reads the tile inside a kernel; `every`: those too, refused per program (a `BxTxH · HxH` product stored by `(b, t)` tiles), more still; `auto`: `true` with rank-bounded extraction (`top`) for results of rank 3 or more (attention), or where a value of rank 3 or more is reshaped to fewer dimensions (heads merged), off otherwise, and `every` for the time left where that finds no candidate with a legal schedule";
     "top" => top: OptionKind::Int,
         "rank-bounded extraction: prune partial programs whose lower bound of the rank model's estimate is above the `top`-th best estimate found, and output the best `top` (exactly the top by `rank` once the search ends unstopped); 0 enumerates every class. Unset, a following `rank` sets it to its own `top`";
     "device" => device: OptionKind::Choice(DeviceChoice::WORDS),
@@ -607,17 +607,23 @@ impl Pass for ExtractPass {
                 // decode at B = 16: 1,478.94 us best without, 360.05 us with, 10 s each).
                 // Only results of rank 3 or more have two dimensions besides the one a
                 // kernel's tile spans; for the rest (MLPs) it only adds candidates.
-                // A result reshaped from one (heads merged into `BxH`) counts as one.
+                // A value reshaped from one (heads merged into `BxH`) counts as one.
                 StoredGrids::Auto => {
                     let rank3 = |c: egg::Id| matches!(&g.egraph[c].data, Some(crate::ir::Type::Tensor(t)) if t.shape.len() >= 3);
-                    (self.top > 0 || is_part)
-                        && g.roots.iter().any(|r| {
-                            rank3(*r)
-                                || g.egraph[*r].nodes.iter().any(|n| {
-                                    matches!(n.op, crate::egraph::lang::Op::Reshape(..))
-                                        && n.children.iter().any(|c| rank3(*c))
-                                })
+                    // Heads merged (a reshape of a rank-3-or-more value to fewer
+                    // dimensions) anywhere: attention whose output is merged, gated or
+                    // projected afterwards (a gated decode: 219.99 us without, 51.71 with).
+                    let merged = || {
+                        g.egraph.classes().any(|c| {
+                            c.nodes.iter().any(|n| {
+                                matches!(&n.op, crate::egraph::lang::Op::Reshape(s)
+                                    if n.children.iter().any(|k| {
+                                        matches!(&g.egraph[*k].data, Some(crate::ir::Type::Tensor(t)) if t.shape.len() >= 3 && s.len() < t.shape.len())
+                                    }))
+                            })
                         })
+                    };
+                    (self.top > 0 || is_part) && (g.roots.iter().any(|r| rank3(*r)) || merged())
                 }
             };
             let built = if self.stored_grids == StoredGrids::Every {
@@ -1108,10 +1114,15 @@ impl ExtractPass {
         let line = match &report.skipped {
             Some(why) => format!("// extract @{}: candidates not checked: {why}", g.name),
             None => format!(
-                "// extract @{}: {} candidates checked against the source at {} in {:.3} s ({per:.2} ms each), {} wrong and dropped",
+                "// extract @{}: {} candidates checked against the source {} in {:.3} s ({per:.2} ms each), {} wrong and dropped",
                 g.name,
                 report.checked,
-                sizes.join(" "),
+                // A function without sizes runs at its own shapes.
+                if sizes.is_empty() {
+                    "at its own shapes".to_string()
+                } else {
+                    format!("at {}", sizes.join(" "))
+                },
                 report.seconds,
                 wrong.len()
             ),
