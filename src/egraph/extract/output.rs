@@ -171,20 +171,18 @@ fn tile_view_results(body: &mut Body) {
         };
         let mut tile = t.clone();
         tile.par.0.insert(axis, crate::ir::ParKind::Partition(d));
-        let part = body.push(Node {
-            kind: ExprKind::Partition(crate::ir::DimRef::Index(d), axis, r),
-            name: None,
-            annot: None,
-            span: Default::default(),
-            ty: Some(Type::Tensor(tile)),
-        });
-        let whole = body.push(Node {
-            kind: ExprKind::Combination(crate::ir::DimRef::Index(d), axis, part),
-            name: None,
-            annot: None,
-            span: Default::default(),
-            ty: Some(Type::Tensor(t)),
-        });
+        let mut push = |kind, t| {
+            body.push(Node {
+                kind,
+                name: None,
+                annot: None,
+                span: Default::default(),
+                ty: Some(Type::Tensor(t)),
+            })
+        };
+        let dim = || crate::ir::DimRef::Index(d);
+        let part = push(ExprKind::Partition(dim(), axis, r), tile);
+        let whole = push(ExprKind::Combination(dim(), axis, part), t);
         body.results[k] = whole;
     }
 }
