@@ -450,6 +450,10 @@ impl ExtractPass {
                         .cloned(),
                 );
                 let report = super::net::check_candidates(&module, source, &out, cx.seed);
+                if let Some(caveat) = &report.caveat {
+                    cx.diagnostics
+                        .push(super::net::caveat_remark(&comp.name, caveat));
+                }
                 let wrong: Vec<usize> = report.wrong.iter().map(|(i, _)| *i).collect();
                 for (i, why) in &report.wrong {
                     cx.diagnostics.push(super::net::wrong_candidate(
@@ -1060,6 +1064,10 @@ impl ExtractPass {
             .iter()
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
+        if let Some(caveat) = &report.caveat {
+            cx.diagnostics
+                .push(super::net::caveat_remark(&g.name, caveat));
+        }
         if let Some(why) = &report.skipped {
             cx.diagnostics.push(Diagnostic::global(
                 Severity::Warning,

@@ -9,7 +9,9 @@
 //!
 //! To be cheap enough to run by default the comparison runs at *small sizes*: the source's
 //! dimension sizes are halved, largest first, until no value of the source holds more than
-//! [`NET_ELEMENTS`] elements (a size never drops below 2, or its own value when smaller);
+//! [`NET_ELEMENTS`] elements (a size never drops below 2, or its own value when smaller, and
+//! an axis whose indices are compared with a constant, a sliding window's width, stays past
+//! it: [`index_floors`]);
 //! parallel axes take `check`'s default extents (the largest divisor up to 4), so folded axes
 //! still have several tiles. Inputs are random at unit scale and at scale 30, as `check` does.
 //! The comparison is `check`'s (`interp::reference_error`): where the source's value is not
@@ -40,6 +42,11 @@ pub const NET_ELEMENTS: u64 = 1 << 12;
 /// Largest relative L2 error the net accepts (as `check`'s default `tol`).
 pub const NET_TOLERANCE: f64 = 0.01;
 
+/// Largest size the net keeps an axis at for a constant its indices are compared with
+/// ([`index_floors`]): a window of thousands would make the net's values millions of
+/// elements. Past it the net says what it could not see (`NetReport::caveat`).
+pub const NET_INDEX_FLOOR_MAX: u64 = 1024;
+
 /// Input scales the net compares at: unit, and large values where an overflowing form shows.
 pub const NET_SCALES: [f32; 2] = [1.0, 30.0];
 
@@ -54,6 +61,9 @@ pub struct NetReport {
     pub skipped: Option<String>,
     /// The sizes the comparison ran at, `NAME=N` sorted by name.
     pub sizes: Vec<(String, u64)>,
+    /// What the comparison could not see at those sizes: an axis kept below a constant its
+    /// indices are compared with ([`NET_INDEX_FLOOR_MAX`]).
+    pub caveat: Option<String>,
     pub seconds: f64,
 }
 
@@ -76,47 +86,56 @@ pub fn small_sizes(source: &Function) -> Vec<(String, u64)> {
             _ => None,
         })
         .collect();
-    let floor = |original: u64| original.min(2);
-    let originals: Vec<u64> = work.iter().map(|b| b.value).collect();
+    let floors = index_floors(source);
+    let floor_of: Vec<u64> = work
+        .iter()
+        .map(|b| {
+            let kept = floors
+                .iter()
+                .find(|(s, _, _)| *s == b.name)
+                .map_or(2, |(_, f, _)| (*f).clamp(2, NET_INDEX_FLOOR_MAX));
+            b.value.min(kept)
+        })
+        .collect();
     let mut stuck = vec![false; work.len()];
     // Each round halves one size: at most 64 rounds a symbol.
     for _ in 0..64 * work.len().max(1) {
         let lookup = |n: &str| work.iter().find(|b| b.name == n).map(|b| b.value);
-        let largest = shapes
+        // The values still over the budget, largest first.
+        let mut over: Vec<(u64, &crate::ir::TensorType)> = shapes
             .iter()
             .filter_map(|t| {
                 let mut count: u64 = 1;
                 for d in &t.shape {
                     count = count.saturating_mul(d.eval(&lookup).ok()?);
                 }
-                Some((count, *t))
+                (count > NET_ELEMENTS).then_some((count, *t))
             })
-            .max_by_key(|(count, _)| *count);
-        let Some((count, t)) = largest else { break };
-        if count <= NET_ELEMENTS {
-            break;
-        }
-        // The largest base symbol of the largest value that can still shrink.
-        let mut symbols: Vec<String> = Vec::new();
-        for d in &t.shape {
-            if let crate::ir::DimBase::Sym(s) = &d.base {
-                crate::ir::sizes::base_symbols(&work, s, &mut symbols);
+            .collect();
+        over.sort_by_key(|o| std::cmp::Reverse(o.0));
+        // The largest base symbol that can still shrink of the largest such value (of the
+        // next, when every symbol of that one is at its floor).
+        let pick = over.iter().find_map(|(_, t)| {
+            let mut symbols: Vec<String> = Vec::new();
+            for d in &t.shape {
+                if let crate::ir::DimBase::Sym(s) = &d.base {
+                    crate::ir::sizes::base_symbols(&work, s, &mut symbols);
+                }
             }
-        }
-        let pick = work
-            .iter()
-            .enumerate()
-            .filter(|(i, b)| {
-                b.def.is_none()
-                    && !stuck[*i]
-                    && symbols.contains(&b.name)
-                    && b.value > floor(originals[*i])
-            })
-            .max_by_key(|(_, b)| b.value)
-            .map(|(i, _)| i);
+            work.iter()
+                .enumerate()
+                .filter(|(i, b)| {
+                    b.def.is_none()
+                        && !stuck[*i]
+                        && symbols.contains(&b.name)
+                        && b.value > floor_of[*i]
+                })
+                .max_by_key(|(_, b)| b.value)
+                .map(|(i, _)| i)
+        });
         let Some(i) = pick else { break };
         let before = work[i].value;
-        work[i].value = (before / 2).max(floor(originals[i]));
+        work[i].value = (before / 2).max(floor_of[i]);
         if crate::ir::sizes::resolve_bindings(&mut work).is_err() {
             work[i].value = before;
             stuck[i] = true;
@@ -126,6 +145,113 @@ pub fn small_sizes(source: &Function) -> Vec<(String, u64)> {
     let mut sizes: Vec<(String, u64)> = work.into_iter().map(|b| (b.name, b.value)).collect();
     sizes.sort();
     sizes
+}
+
+/// Sizes the net must not shrink an axis below. Where an index (`iota`) is compared with a
+/// constant (a sliding window `col > row - 256`, a length `col < 77`, a clamp of a relative
+/// position), the axis keeps half as many indices again as the constant at the net's sizes:
+/// at smaller sizes every index falls on one side, and a candidate that dropped the
+/// comparison would compute the same values there as its source.
+/// Each entry: the axis's base symbol, its floor, and the constant that set it.
+fn index_floors(source: &Function) -> Vec<(String, u64, u64)> {
+    use crate::ir::{BinaryOp as B, DimBase, ExprKind as E};
+    let nodes = &source.body.nodes;
+    // The axes (base symbols) of the iotas each node is computed from.
+    let mut axes: Vec<Vec<String>> = vec![Vec::new(); nodes.len()];
+    for (i, n) in nodes.iter().enumerate() {
+        let mut own = Vec::new();
+        if let (E::Iota(d), Some(Type::Tensor(t))) = (&n.kind, n.ty.as_ref()) {
+            if let Ok(k) = crate::ir::resolve_dim(&t.shape, d) {
+                if let DimBase::Sym(s) = &t.shape[k].base {
+                    crate::ir::sizes::base_symbols(&source.bindings, s, &mut own);
+                }
+            }
+        }
+        for o in n.kind.operands() {
+            for s in axes.get(o.index()).into_iter().flatten() {
+                if !own.contains(s) {
+                    own.push(s.clone());
+                }
+            }
+        }
+        axes[i] = own;
+    }
+    // The largest whole constant an operand is computed from by pointwise steps.
+    let largest_constant = |root: crate::ir::NodeId| -> u64 {
+        let (mut stack, mut largest) = (vec![root], 0u64);
+        while let Some(id) = stack.pop() {
+            let Some(n) = nodes.get(id.index()) else {
+                continue;
+            };
+            match &n.kind {
+                E::Constant(v) | E::Fill(v) if v.is_finite() && v.fract() == 0.0 => {
+                    largest = largest.max(v.abs().min(u64::MAX as f64 / 4.0) as u64)
+                }
+                E::Unary(..)
+                | E::Binary(..)
+                | E::Cast(..)
+                | E::Broadcast(..)
+                | E::Transpose(..)
+                | E::Reshape(..)
+                | E::Select(..) => stack.extend(n.kind.operands()),
+                _ => {}
+            }
+        }
+        largest
+    };
+    let mut floors: Vec<(String, u64, u64)> = Vec::new();
+    for (i, n) in nodes.iter().enumerate() {
+        let E::Binary(op, a, b) = &n.kind else {
+            continue;
+        };
+        let compares = matches!(
+            op,
+            B::Less
+                | B::LessEqual
+                | B::Greater
+                | B::GreaterEqual
+                | B::Equal
+                | B::NotEqual
+                | B::Maximum
+                | B::Minimum
+        );
+        if !compares || axes[i].is_empty() {
+            continue;
+        }
+        let c = largest_constant(*a).max(largest_constant(*b));
+        if c < 2 {
+            continue;
+        }
+        // Past the constant by half of it again, a multiple of 8 so that axes still tile.
+        let floor = (c.saturating_add(c / 2).saturating_add(2))
+            .div_ceil(8)
+            .saturating_mul(8);
+        for s in &axes[i] {
+            match floors.iter_mut().find(|(k, _, _)| k == s) {
+                Some((_, f, k)) if *f < floor => (*f, *k) = (floor, c),
+                Some(_) => {}
+                None => floors.push((s.clone(), floor, c)),
+            }
+        }
+    }
+    floors
+}
+
+/// The axes `sizes` keeps below what [`index_floors`] asks (capped at
+/// [`NET_INDEX_FLOOR_MAX`]), said as a caveat: there, a candidate that dropped a comparison of
+/// indices with a constant may compute the same values as its source.
+fn index_caveat(source: &Function, sizes: &[(String, u64)]) -> Option<String> {
+    let short: Vec<String> = index_floors(source)
+        .into_iter()
+        .filter_map(|(s, floor, c)| {
+            let (_, at) = sizes.iter().find(|(k, _)| *k == s)?;
+            let original = source.bindings.iter().find(|b| b.name == s)?.value;
+            (*at < floor && *at < original).then(|| {
+                format!("{s}={at} is not past {c}, a constant its indices are compared with")
+            })
+        })
+        .collect();
+    (!short.is_empty()).then(|| short.join("; "))
 }
 
 /// `f` with its dimension bindings set to `sizes` (the others kept).
@@ -236,6 +362,7 @@ pub fn check_candidates(
         report.seconds = start.elapsed().as_secs_f64();
         return report;
     }
+    report.caveat = index_caveat(source, &report.sizes);
     let wrong: Vec<Option<(usize, String)>> = candidates
         .par_iter()
         .enumerate()
@@ -307,6 +434,17 @@ pub fn generated_reducers(module: &Module, f: &Function) -> Vec<String> {
             crate::egraph::rules::describe_generated(def).map(|what| format!("@{name} ({what})"))
         })
         .collect()
+}
+
+/// The remark for a net that could not see a comparison of indices with a constant.
+pub fn caveat_remark(graph: &str, caveat: &str) -> Diagnostic {
+    let mut d = Diagnostic::global(
+        Severity::Remark,
+        format!("extract @{graph}: the net's small sizes cannot tell a candidate that dropped such a comparison: {caveat}"),
+    );
+    d.help =
+        Some("`check` after `extract` compares the candidates at the program's own sizes".into());
+    d
 }
 
 /// The warning (or error) for wrong candidate `f`.
@@ -492,6 +630,60 @@ mod tests {
         let module = Module::default();
         let report = check_candidates(&module, f, std::slice::from_ref(c), 1);
         assert_eq!(report.wrong.len(), 1, "{report:?}");
+    }
+
+    /// Causal attention in a sliding window of `WINDOW` keys; `windowed = false` drops the
+    /// window term (a candidate that lost it).
+    fn window_attention(windowed: bool) -> Module {
+        let visible = if windowed {
+            "logical_and(less_equal(col, row), greater(col, row - width))"
+        } else {
+            "less_equal(col, row)"
+        };
+        function(&format!(
+            "func f where NH = 8, T = 1024, D = 128 {{
+  q: tensor<NHxTxD, f32> = input
+  k: tensor<NHxTxD, f32> = input
+  v: tensor<NHxTxD, f32> = input
+  row: tensor<Tx1, i32> = iota[0]
+  col: tensor<1xT, i32> = iota[1]
+  width: tensor<i32> = constant 256
+  s = matmul(q, transpose[0,2,1](k)) * 0.0625
+  masked = select({visible}, s, -inf)
+  m = reduce masked axis=2 reducer=@max keep_dims
+  w = exp(masked - m)
+  return matmul(w / reduce w axis=2 reducer=@add keep_dims, v)
+}}
+"
+        ))
+    }
+
+    #[test]
+    fn the_net_sees_a_dropped_window_term() {
+        let (source, wrong) = (window_attention(true), window_attention(false));
+        let sizes = small_sizes(&source.funcs[0]);
+        let t = sizes.iter().find(|(k, _)| k == "T").map(|(_, v)| *v);
+        assert!(t.is_some_and(|t| t > 256 && t < 1024), "{sizes:?}");
+        let report = check_candidates(
+            &Module::default(),
+            &source.funcs[0],
+            std::slice::from_ref(&wrong.funcs[0]),
+            1,
+        );
+        assert_eq!(report.wrong.len(), 1, "{report:?}");
+        // The windowed program itself passes.
+        let report = check_candidates(
+            &Module::default(),
+            &source.funcs[0],
+            std::slice::from_ref(&source.funcs[0]),
+            1,
+        );
+        assert!(report.wrong.is_empty(), "{report:?}");
+        // A window wider than the axis needs no floor past the axis.
+        let narrow = small_sizes(&function(
+            "func f where T = 64 {\n  row: tensor<Tx1, i32> = iota[0]\n  col: tensor<1xT, i32> = iota[1]\n  w: tensor<i32> = constant 256\n  return greater(col, row - w)\n}\n",
+        ).funcs[0]);
+        assert_eq!(narrow, [("T".to_string(), 64)]);
     }
 
     #[test]
