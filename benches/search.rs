@@ -117,6 +117,10 @@ fn run(path: &Path, b: Option<u64>, passes: &str) -> Run {
             if let Some(s) = g["stop_reason"].as_str() {
                 r.stops.push(s.to_string());
             }
+            // The partition race's composed candidates join the whole search's.
+            if let Some(n) = g["partition_race"].as_u64() {
+                r.stops.push(format!("raced ({n} composed)"));
+            }
         }
     }
     if let Some(k) = pass("rank") {

@@ -227,6 +227,10 @@ pub struct ExtractOptions {
     /// `partition-fallback`: a whole function whose rank-bounded search ranks nothing is
     /// searched partitioned for the time left.
     pub partition_fallback: bool,
+    /// `partition-race`: a whole function whose rank-bounded search runs to its time limit
+    /// gives the last quarter of it to a partitioned search, and both searches' candidates
+    /// are output.
+    pub partition_race: bool,
 }
 
 impl Default for ExtractOptions {
@@ -247,6 +251,7 @@ impl Default for ExtractOptions {
             device: DeviceChoice::H100,
             part_time_limit: Seconds(5.0),
             partition_fallback: true,
+            partition_race: true,
         }
     }
 }
@@ -280,6 +285,8 @@ pass_options!(ExtractOptions {
         "the GPU model rank-bounded extraction estimates on (data/devices.json); unset, a following `rank`'s";
     "part-time-limit" => part_time_limit: OptionKind::Float,
         "stop the search of each subgraph a composition calls (`partition`) after this many seconds, keeping the best found; the subgraphs share their seconds, so one that ends early leaves its time to those after it (none gets less than this). Unset while `time-limit` is set, the subgraphs share `time-limit` (none gets less than an even share)";
+    "partition-race" => partition_race: OptionKind::Bool,
+        "where a rank-bounded search of a whole function (that `partition-fallback` could split) would run to its time limit, stop it at three quarters of the limit and search the function partitioned for the rest, as the fallback does; both searches' candidates are output (up to twice `top`) for `rank` to order. A partitioned search finds the best tiling of each part in a fraction of a second where the whole search may not reach it (linear attention: 54.49 us whole in 60 s, 13.17 us partitioned)";
     "partition-fallback" => partition_fallback: OptionKind::Bool,
         "where a rank-bounded search of a whole function ranks nothing (no candidate with a legal schedule) after the other fallbacks, search the function partitioned (as `partition` does: values crossing a cut are stored) for its share of the time, each subgraph saturated with every rule family and searched on its own, and compose their candidates. Off when the preceding `saturate` chooses its `families`";
 });
@@ -303,6 +310,7 @@ pub struct ExtractPass {
     /// Whether the output's candidates are run against their source (`super::net`).
     check_candidates: bool,
     partition_fallback: bool,
+    partition_race: bool,
     /// What the output's memory limit reads: the process's resident size. (A test gives it
     /// another, to stop the output where it chooses.)
     resident_mib: fn() -> Option<usize>,
@@ -356,6 +364,7 @@ impl NamedPass for ExtractPass {
             },
             check_candidates: o.check_candidates,
             partition_fallback: o.partition_fallback,
+            partition_race: o.partition_race,
             resident_mib: crate::egraph::extract::resident_mib,
         }
     }
@@ -657,9 +666,23 @@ impl Pass for ExtractPass {
             } else {
                 self.time_limit.duration()
             };
+            // The function as written (not one a dump holds, nor a subgraph), split as the
+            // partitioned fallback and the race search it.
+            let split = if self.partition_fallback && !is_part && top > 0 {
+                cx.original
+                    .funcs
+                    .iter()
+                    .find(|f| f.name == g.name && !crate::partition::has_calls(f))
+                    .and_then(fallback_partition)
+            } else {
+                None
+            };
+            // With a race, the whole search stops at three quarters of the limit.
+            let race = self.partition_race && split.is_some() && limit >= RACE_MIN_LIMIT;
+            let whole_limit = if race { limit.mul_f64(0.75) } else { limit };
             let mut extractor = extractor
                 .clone()
-                .with_time_limit(limit)
+                .with_time_limit(whole_limit)
                 .with_lowerable(lower_check(&g.egraph.analysis.env))
                 .with_rank_bound(self.rank_bound(&g.egraph.analysis.env, top)?);
             let shown = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -681,7 +704,7 @@ impl Pass for ExtractPass {
                 && extractor.hole_order == HoleOrder::FewestNodes
                 && limit > Duration::from_secs(3);
             if retry {
-                extractor = extractor.with_unranked_after(Some(limit / 3));
+                extractor = extractor.with_unranked_after(Some(whole_limit / 3));
             }
             let started = Instant::now();
             let mut report = extractor.run(&x);
@@ -714,20 +737,10 @@ impl Pass for ExtractPass {
                 if unranked_at.is_some() {
                     steps.push(Fallback::WalkOrder);
                 }
-                // The function as written (not one a dump holds, nor a subgraph).
-                let split = if self.partition_fallback && !is_part {
-                    cx.original
-                        .funcs
-                        .iter()
-                        .find(|f| f.name == g.name && !crate::partition::has_calls(f))
-                        .and_then(fallback_partition)
-                } else {
-                    None
-                };
                 if split.is_some() {
                     steps.push(Fallback::Partitioned);
                 }
-                let mut split = split;
+                let mut split = split.clone();
                 let n = steps.len();
                 for (i, step) in steps.into_iter().enumerate() {
                     let left = limit.saturating_sub(started.elapsed()) / (n - i) as u32;
@@ -800,6 +813,44 @@ impl Pass for ExtractPass {
                             report = again.run(&x);
                             if ranked(&report) {
                                 break;
+                            }
+                        }
+                    }
+                }
+            }
+            // The race: a whole search that ran to its limit with ranked candidates leaves
+            // the rest of the limit to the partitioned search, whose candidates join its own.
+            let mut raced: Option<Vec<Function>> = None;
+            if race
+                && composed.is_none()
+                && ranked(&report)
+                && matches!(
+                    report.stop,
+                    crate::egraph::extract::ExtractStop::TimeLimit(_)
+                )
+            {
+                let left = limit.saturating_sub(started.elapsed());
+                let share = Duration::from_secs_f64((left.as_secs_f64() * 10.0).floor() / 10.0);
+                if let (Some(p), true) = (split, share >= Duration::from_millis(100)) {
+                    cx.diagnostics.push(Diagnostic::global(
+                        Severity::Remark,
+                        format!(
+                            "extract @{}: the whole search stopped at {} s without proving its top {top}: searching partitioned for {:.1} s (`partition-race`)",
+                            g.name,
+                            whole_limit.as_secs_f64(),
+                            share.as_secs_f64()
+                        ),
+                    ));
+                    crate::release_free_memory();
+                    cx.report.push(p.line);
+                    match self.search_partitioned(p.functions, &module.reducers, share, cx) {
+                        Ok(fs) if !fs.is_empty() => raced = Some(fs),
+                        Ok(_) => {}
+                        Err(ds) => {
+                            for mut d in ds {
+                                d.severity = Severity::Remark;
+                                d.message = format!("(partition race) {}", d.message);
+                                cx.diagnostics.push(d);
                             }
                         }
                     }
@@ -973,6 +1024,23 @@ impl Pass for ExtractPass {
             } else {
                 funcs.extend(output.functions);
             }
+            // The race's candidates after the whole search's, numbered on from them.
+            let raced_count = raced.as_ref().map(Vec::len);
+            if let Some(fs) = raced {
+                cx.diagnostics.push(Diagnostic::global(
+                    Severity::Remark,
+                    format!(
+                        "extract @{}: {} candidate(s) from the whole search and {} composed from the partitioned one (`partition-race`), for `rank` to order",
+                        g.name,
+                        output_count,
+                        fs.len()
+                    ),
+                ));
+                for (i, mut f) in fs.into_iter().enumerate() {
+                    f.name = format!("{}.c{}", g.name, output_count + i);
+                    funcs.push(f);
+                }
+            }
             let mut row = serde_json::json!({
                 "egraph": g.name,
                 "compaction": format!("{:?}", self.compaction).to_lowercase(),
@@ -995,6 +1063,8 @@ impl Pass for ExtractPass {
                 if let Some(net) = net {
                     fields.insert("candidate_check".into(), net.stats);
                 }
+                // Candidates composed by the partition race, output after these (null: none).
+                fields.insert("partition_race".into(), raced_count.into());
                 fields.insert("candidates".into(), serde_json::Value::Array(output.listed));
             }
             per_graph.push(row);
@@ -1017,6 +1087,10 @@ impl Pass for ExtractPass {
         Ok(())
     }
 }
+
+/// The shortest time limit a race splits: below it the partitioned search's quarter is too
+/// short to saturate and search its parts.
+const RACE_MIN_LIMIT: Duration = Duration::from_secs(2);
 
 /// How the partitioned fallback splits `f`: at the default subgraph size, or in two or more
 /// where `f` is smaller (`partition` keeps the cut that moves the fewest bytes); `None` when

@@ -45,6 +45,7 @@ impl NamedPass for PartitionPass {
 }
 
 /// What partitioning one function did: its report line and counters.
+#[derive(Clone)]
 pub struct Partitioned {
     pub functions: Vec<Function>,
     pub line: String,
