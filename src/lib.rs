@@ -44,3 +44,17 @@ pub mod rank;
 pub mod support;
 pub mod tune;
 pub mod verify;
+
+/// The stack of every thread efopt starts (the driver's, the lowering worker's, rayon's):
+/// the IR's walks recurse over the nesting of expressions, which a long chain of statements
+/// inlined into one expression makes thousands deep (a 2,000-statement chain overflowed a
+/// 2 MiB worker stack). Reserved address space, not memory.
+pub const THREAD_STACK: usize = 256 * 1024 * 1024;
+
+/// Sizes rayon's global pool's stacks as [`THREAD_STACK`]; once, before any parallel work.
+pub fn init_thread_pool() {
+    // An error means a pool already exists (a second call): it is used as it is.
+    let _ = rayon::ThreadPoolBuilder::new()
+        .stack_size(THREAD_STACK)
+        .build_global();
+}

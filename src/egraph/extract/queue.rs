@@ -188,39 +188,43 @@ impl<'scope> LoweringQueue<'scope> {
         let rebuild: Rebuild<'scope> = Box::new(rebuild);
         let (jobs, inbox) = std::sync::mpsc::channel::<(Vec<u32>, Option<Choice>)>();
         let (outbox, verdicts) = std::sync::mpsc::channel();
-        let worker = scope.spawn(move || {
-            let mut output: FxHashSet<Vec<u32>> = FxHashSet::default();
-            let mut fingerprints: FxHashSet<u128> = FxHashSet::default();
-            for (class_form, choice) in inbox {
-                let verdict = match choice {
-                    _ if early && output.contains(&class_form) => Verdict::ClassOutput(true),
-                    None => Verdict::ClassOutput(false),
-                    Some(choice) => match rebuild(&choice) {
-                        Err(refusal) => Verdict::Before(refusal),
-                        Ok(_) if output.contains(&class_form) => Verdict::ClassOutput(true),
-                        Ok(f) => {
-                            let fingerprint = crate::ir::alpha::fingerprint(&f);
-                            if early && fingerprints.contains(&fingerprint) {
-                                output.insert(class_form);
-                                Verdict::Renamed
-                            } else {
-                                match check(&f) {
-                                    Ok(estimate) => {
-                                        output.insert(class_form);
-                                        fingerprints.insert(fingerprint);
-                                        Verdict::Lowered(fingerprint, estimate)
+        let worker = std::thread::Builder::new()
+            .stack_size(crate::THREAD_STACK)
+            .spawn_scoped(scope, move || {
+                let mut output: FxHashSet<Vec<u32>> = FxHashSet::default();
+                let mut fingerprints: FxHashSet<u128> = FxHashSet::default();
+                for (class_form, choice) in inbox {
+                    let verdict = match choice {
+                        _ if early && output.contains(&class_form) => Verdict::ClassOutput(true),
+                        None => Verdict::ClassOutput(false),
+                        Some(choice) => match rebuild(&choice) {
+                            Err(refusal) => Verdict::Before(refusal),
+                            Ok(_) if output.contains(&class_form) => Verdict::ClassOutput(true),
+                            Ok(f) => {
+                                let fingerprint = crate::ir::alpha::fingerprint(&f);
+                                if early && fingerprints.contains(&fingerprint) {
+                                    output.insert(class_form);
+                                    Verdict::Renamed
+                                } else {
+                                    match check(&f) {
+                                        Ok(estimate) => {
+                                            output.insert(class_form);
+                                            fingerprints.insert(fingerprint);
+                                            Verdict::Lowered(fingerprint, estimate)
+                                        }
+                                        Err(reason) => Verdict::Refused(reason),
                                     }
-                                    Err(reason) => Verdict::Refused(reason),
                                 }
                             }
-                        }
-                    },
-                };
-                if outbox.send(verdict).is_err() {
-                    break;
+                        },
+                    };
+                    if outbox.send(verdict).is_err() {
+                        break;
+                    }
                 }
-            }
-        });
+            })
+            // As `scope.spawn`, which panics where the OS starts no thread.
+            .expect("the OS starts the lowering worker thread");
         LoweringQueue {
             jobs: Some(jobs),
             verdicts,
