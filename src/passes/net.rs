@@ -97,7 +97,28 @@ pub fn small_sizes(source: &Function) -> Vec<(String, u64)> {
             b.value.min(kept)
         })
         .collect();
+    // (smaller, larger) index pairs into `work` a slice keeps apart ([`slice_orders`]).
+    let orders: Vec<(usize, usize)> = slice_orders(source)
+        .into_iter()
+        .filter_map(|(lo, hi)| {
+            let i = work.iter().position(|b| b.name == lo)?;
+            let j = work.iter().position(|b| b.name == hi)?;
+            (work[i].value < work[j].value).then_some((i, j))
+        })
+        .collect();
     let mut stuck = vec![false; work.len()];
+    // Half of size `i`, no less than its floor, and at least twice every size a slice keeps
+    // below it: a slice that drops a sliver (64 of 32,064 columns) moves a sum by less than
+    // the tolerance, one that drops half does not.
+    let halved = |work: &[crate::ir::Binding], i: usize| -> u64 {
+        let above = orders
+            .iter()
+            .filter(|(_, hi)| *hi == i)
+            .map(|(lo, _)| work[*lo].value.saturating_mul(2))
+            .max()
+            .unwrap_or(0);
+        (work[i].value / 2).max(floor_of[i]).max(above)
+    };
     // Each round halves one size: at most 64 rounds a symbol.
     for _ in 0..64 * work.len().max(1) {
         let lookup = |n: &str| work.iter().find(|b| b.name == n).map(|b| b.value);
@@ -122,20 +143,26 @@ pub fn small_sizes(source: &Function) -> Vec<(String, u64)> {
                     crate::ir::sizes::base_symbols(&work, s, &mut symbols);
                 }
             }
+            // A size a slice keeps below one of these holds it up: it may shrink first.
+            for (lo, hi) in &orders {
+                if symbols.contains(&work[*hi].name) && !symbols.contains(&work[*lo].name) {
+                    symbols.push(work[*lo].name.clone());
+                }
+            }
             work.iter()
                 .enumerate()
                 .filter(|(i, b)| {
                     b.def.is_none()
                         && !stuck[*i]
                         && symbols.contains(&b.name)
-                        && b.value > floor_of[*i]
+                        && halved(&work, *i) < b.value
                 })
                 .max_by_key(|(_, b)| b.value)
                 .map(|(i, _)| i)
         });
         let Some(i) = pick else { break };
         let before = work[i].value;
-        work[i].value = (before / 2).max(floor_of[i]);
+        work[i].value = halved(&work, i);
         if crate::ir::sizes::resolve_bindings(&mut work).is_err() {
             work[i].value = before;
             stuck[i] = true;
@@ -252,6 +279,42 @@ fn index_caveat(source: &Function, sizes: &[(String, u64)]) -> Option<String> {
         })
         .collect();
     (!short.is_empty()).then(|| short.join("; "))
+}
+
+/// Pairs of size symbols `(lo, hi)` a slice relates: `slice[d, 0, V](x)` of an axis of size
+/// `VP` reads part of it while V < VP. Halved independently both could meet (32000 and 32064
+/// both become 62), and at such sizes a candidate that read the whole axis would compute the
+/// same values as its source; the net keeps each `hi` at twice its `lo` or more.
+fn slice_orders(source: &Function) -> Vec<(String, String)> {
+    use crate::ir::{DimBase, ExprKind as E};
+    let nodes = &source.body.nodes;
+    let mut pairs = Vec::new();
+    for n in nodes {
+        let E::Slice(d, start, end, x) = &n.kind else {
+            continue;
+        };
+        let Some(Type::Tensor(t)) = nodes.get(x.index()).and_then(|m| m.ty.as_ref()) else {
+            continue;
+        };
+        let Ok(k) = crate::ir::resolve_dim(&t.shape, d) else {
+            continue;
+        };
+        let sym = |dim: &crate::ir::Dim| match &dim.base {
+            DimBase::Sym(s) if dim.splits.is_empty() => Some(s.to_string()),
+            _ => None,
+        };
+        let axis = sym(&t.shape[k]);
+        let (a, b) = (sym(start), sym(end));
+        // start < end, end < the axis (the caller keeps only pairs ordered so in the source).
+        for (lo, hi) in [(a.clone(), b.clone()), (b, axis.clone()), (a, axis)] {
+            if let (Some(lo), Some(hi)) = (lo, hi) {
+                if lo != hi && !pairs.contains(&(lo.clone(), hi.clone())) {
+                    pairs.push((lo, hi));
+                }
+            }
+        }
+    }
+    pairs
 }
 
 /// `f` with its dimension bindings set to `sizes` (the others kept).
@@ -684,6 +747,29 @@ mod tests {
             "func f where T = 64 {\n  row: tensor<Tx1, i32> = iota[0]\n  col: tensor<1xT, i32> = iota[1]\n  w: tensor<i32> = constant 256\n  return greater(col, row - w)\n}\n",
         ).funcs[0]);
         assert_eq!(narrow, [("T".to_string(), 64)]);
+    }
+
+    #[test]
+    fn the_net_sees_a_dropped_slice() {
+        let program = |read: &str| {
+            function(&format!(
+                "func f where N = 512, VP = 32064, V = 32000 {{\n  x: tensor<NxVP, f32> = input\n  return reduce ({read}) axis=1 reducer=@add\n}}\n"
+            ))
+        };
+        let (source, wrong) = (program("slice[1, 0, V](x)"), program("x"));
+        let sizes = small_sizes(&source.funcs[0]);
+        let size = |k: &str| sizes.iter().find(|(n, _)| n == k).map(|(_, v)| *v);
+        assert!(size("V") < size("VP"), "{sizes:?}");
+        // Still within the net's budget.
+        let n_vp = size("N").zip(size("VP")).map(|(n, vp)| n * vp);
+        assert!(n_vp.is_some_and(|e| e <= NET_ELEMENTS), "{sizes:?}");
+        let report = check_candidates(
+            &Module::default(),
+            &source.funcs[0],
+            std::slice::from_ref(&wrong.funcs[0]),
+            1,
+        );
+        assert_eq!(report.wrong.len(), 1, "{report:?}");
     }
 
     #[test]
