@@ -42,6 +42,11 @@ use std::sync::Mutex;
 
 /// Triton's largest block (elements).
 pub const MAX_NUMEL: f64 = (1u64 << 20) as f64;
+
+/// Most programs a kernel launches: the backend's grid is one-dimensional (its programs are
+/// numbered by `tl.program_id(0)`), and CUDA's grid holds at most 2^31 − 1 blocks along x. A
+/// kernel with more has no legal schedule.
+pub const MAX_PROGRAMS: f64 = ((1u64 << 31) - 1) as f64;
 /// Registers per thread kept for addresses, indices and masks.
 pub const RESERVED_REGS: u64 = 32;
 pub const NUM_WARPS: [u64; 5] = [4, 8, 2, 16, 1];
@@ -473,7 +478,8 @@ impl<'p> FunctionModel<'p> {
         let mut kernels = Vec::with_capacity(at.kernels.len());
         let mut total = 0.0;
         for k in &at.kernels {
-            if k.largest_value > MAX_NUMEL || k.state_words > MAX_NUMEL {
+            if k.largest_value > MAX_NUMEL || k.state_words > MAX_NUMEL || k.programs > MAX_PROGRAMS
+            {
                 return None;
             }
             let smem = k.smem_fixed + k.smem_staged * stages as f64;
