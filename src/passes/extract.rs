@@ -541,6 +541,32 @@ impl ExtractPass {
         result.map(|()| sub.funcs)
     }
 
+    /// Searches split function `p` partitioned in `share` (the fallback, or the race: `why`)
+    /// and returns its composed candidates, if any. Why it gave none becomes remarks, marked
+    /// with `why`: what the whole function's search found is said on its own.
+    fn search_split(
+        &self,
+        p: super::partition::Partitioned,
+        why: &str,
+        reducers: &[crate::ir::ReducerDef],
+        share: Duration,
+        cx: &mut PassContext,
+    ) -> Option<Vec<Function>> {
+        cx.report.push(p.line);
+        match self.search_partitioned(p.functions, reducers, share, cx) {
+            Ok(fs) if !fs.is_empty() => Some(fs),
+            Ok(_) => None,
+            Err(ds) => {
+                for mut d in ds {
+                    d.severity = Severity::Remark;
+                    d.message = format!("({why}) {}", d.message);
+                    cx.diagnostics.push(d);
+                }
+                None
+            }
+        }
+    }
+
     /// Rank-bounded extraction's bound and scorer (`top` > 0), on `device`.
     fn rank_bound(
         &self,
@@ -777,20 +803,13 @@ impl Pass for ExtractPass {
                     crate::release_free_memory();
                     if step == Fallback::Partitioned {
                         let Some(p) = split.take() else { break };
-                        cx.report.push(p.line);
-                        match self.search_partitioned(p.functions, &module.reducers, share, cx) {
-                            Ok(fs) if !fs.is_empty() => composed = Some(fs),
-                            Ok(_) => {}
-                            Err(ds) => {
-                                // Why the partitioned search gave nothing, as remarks: the
-                                // error below is the whole function's.
-                                for mut d in ds {
-                                    d.severity = Severity::Remark;
-                                    d.message = format!("(partitioned fallback) {}", d.message);
-                                    cx.diagnostics.push(d);
-                                }
-                            }
-                        }
+                        composed = self.search_split(
+                            p,
+                            "partitioned fallback",
+                            &module.reducers,
+                            share,
+                            cx,
+                        );
                         break;
                     }
                     let mut again = extractor
@@ -891,18 +910,7 @@ impl Pass for ExtractPass {
                         ),
                     ));
                     crate::release_free_memory();
-                    cx.report.push(p.line);
-                    match self.search_partitioned(p.functions, &module.reducers, share, cx) {
-                        Ok(fs) if !fs.is_empty() => raced = Some(fs),
-                        Ok(_) => {}
-                        Err(ds) => {
-                            for mut d in ds {
-                                d.severity = Severity::Remark;
-                                d.message = format!("(partition race) {}", d.message);
-                                cx.diagnostics.push(d);
-                            }
-                        }
-                    }
+                    raced = self.search_split(p, "partition race", &module.reducers, share, cx);
                 }
             }
             if is_part {
