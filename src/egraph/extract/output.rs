@@ -127,9 +127,9 @@ pub fn reconstruct(x: &ExtractGraph, choice: &Choice, name: &str) -> Function {
 /// reshape[TxNHxD](y)`, `return concat[1](a, b)`) is copied into the result's buffer by a
 /// kernel of its own. Written as it is, that kernel is one program holding the whole tensor,
 /// which no schedule holds for any real size; it is returned as
-/// `combination[0,a](partition[0,a](reshape[…](y)))` instead, the same value, so the reshape
-/// or concat is a view its tiles load and the copy kernel has a grid along the result's first
-/// dimension (not a concat's own). The e-graph cannot hold this form: the tiles'
+/// `combination[0,a](combination[1,b](partition[1,b](partition[0,a](reshape[…](y)))))`
+/// instead, the same value, so the reshape or concat is a view its tiles load and the copy
+/// kernel has a grid along the result's first two dimensions (not a concat's own). The e-graph cannot hold this form: the tiles'
 /// class would be the result's own, a cycle no program can pick.
 fn tile_view_results(body: &mut Body) {
     for k in 0..body.results.len() {
@@ -146,15 +146,19 @@ fn tile_view_results(body: &mut Body) {
         if !t.par.is_empty() || operands.iter().any(|y| crate::lower::tiled(body.ty(*y))) {
             continue;
         }
-        // The first dimension that is not a literal 1 (a grid of one program tiles nothing).
-        let Some((d, axis)) = (0..t.rank())
+        // The first two dimensions that are not literal 1s (a grid of one program tiles
+        // nothing): one grid axis left a 1024×64 head of a merged-heads result per program,
+        // more than any schedule holds.
+        let dims: Vec<(usize, String)> = (0..t.rank())
             .filter(|d| !t.shape[*d].is_one() && Some(*d) != joined)
-            .find_map(|d| crate::egraph::rules::axis_at(&t.shape, d).map(|a| (d, a)))
-        else {
+            .filter_map(|d| crate::egraph::rules::axis_at(&t.shape, d).map(|a| (d, a)))
+            .take(2)
+            .collect();
+        if dims.is_empty() {
             continue;
-        };
-        // An axis no kernel of the program has: the copy's block size is its own.
-        let used: std::collections::BTreeSet<Sym> = body
+        }
+        // Axes no kernel of the program has: the copy's block sizes are its own.
+        let mut used: std::collections::BTreeSet<Sym> = body
             .nodes
             .iter()
             .filter_map(|n| match &n.ty {
@@ -163,14 +167,20 @@ fn tile_view_results(body: &mut Body) {
             })
             .flatten()
             .collect();
-        let Some(axis) = (0..64)
-            .map(|i| Sym::from(crate::egraph::rules::nth_axis(&axis, i).as_str()))
-            .find(|a| !used.contains(a))
-        else {
+        let mut grid = Vec::new();
+        for (d, axis) in dims {
+            let Some(axis) = (0..64)
+                .map(|i| Sym::from(crate::egraph::rules::nth_axis(&axis, i).as_str()))
+                .find(|a| !used.contains(a))
+            else {
+                continue;
+            };
+            used.insert(axis);
+            grid.push((d, axis));
+        }
+        if grid.is_empty() {
             continue;
-        };
-        let mut tile = t.clone();
-        tile.par.0.insert(axis, crate::ir::ParKind::Partition(d));
+        }
         let mut push = |kind, t| {
             body.push(Node {
                 kind,
@@ -180,9 +190,26 @@ fn tile_view_results(body: &mut Body) {
                 ty: Some(Type::Tensor(t)),
             })
         };
-        let dim = || crate::ir::DimRef::Index(d);
-        let part = push(ExprKind::Partition(dim(), axis, r), tile);
-        let whole = push(ExprKind::Combination(dim(), axis, part), t);
+        // partition[d1,b](partition[d0,a](r)), then the combinations in reverse.
+        let mut tile = t.clone();
+        let mut tiles = vec![(r, t.clone())];
+        for (d, axis) in &grid {
+            tile.par.0.insert(*axis, crate::ir::ParKind::Partition(*d));
+            let prev = tiles.last().map(|p| p.0).unwrap_or(r);
+            let part = push(
+                ExprKind::Partition(crate::ir::DimRef::Index(*d), *axis, prev),
+                tile.clone(),
+            );
+            tiles.push((part, tile.clone()));
+        }
+        let mut whole = tiles.last().map(|p| p.0).unwrap_or(r);
+        for (i, (d, axis)) in grid.iter().enumerate().rev() {
+            let ty = tiles[i].1.clone();
+            whole = push(
+                ExprKind::Combination(crate::ir::DimRef::Index(*d), *axis, whole),
+                ty,
+            );
+        }
         body.results[k] = whole;
     }
 }

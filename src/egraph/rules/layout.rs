@@ -4,7 +4,10 @@
 //! absorb `W` on the query side, `(q·Wᵀ)·Cᵀ`, as MLA does. Transposes move inward (towards
 //! the leaves), never outward, and compose, so they cannot cycle. An explicit `broadcast`
 //! feeding a pointwise operator that broadcasts implicitly is dropped, and broadcasts take
-//! partitions, replicas and combinations through like any layout operator.
+//! partitions, replicas and combinations through like any layout operator. A reshape of a
+//! pointwise value is the pointwise operator of reshaped operands, so a result written
+//! `reshape[BTxH](gelu(x))` is computed from a view of `x` and tiled like any pointwise
+//! result, not stored whole and then copied.
 //!
 //! Every rule here is exact: it moves the same elements through the same operations in the
 //! same order (a product's sum over K runs over the same pairs; a reduction reduces the same
@@ -19,6 +22,7 @@ pub static RULES: &[Rule] = &[
     Rule { name: "transpose-pointwise",       family: Family::Algebraic,   equation: "transpose[P](f(x, y)) = f(transpose[P](x), transpose[P](y))  (literals and operands P leaves alone stay)", root: Root::Transpose, find: transpose_pointwise, reach: Reach::Node },
     Rule { name: "transpose-reduce",          family: Family::Algebraic,   equation: "transpose[P](reduce X axis=d) = reduce transpose[P'](X) axis=d'  (P' = P with the reduced dimension kept in place)", root: Root::Transpose, find: transpose_reduce, reach: Reach::Node },
     Rule { name: "transpose-compose",         family: Family::Algebraic,   equation: "transpose[P](transpose[Q](x)) = transpose[Q∘P](x), = x when Q∘P is the identity", root: Root::Transpose, find: transpose_compose, reach: Reach::Node },
+    Rule { name: "reshape-pointwise",         family: Family::Algebraic,   equation: "reshape[S](f(x, y)) = f(reshape[S](x), reshape[S](y))  (operands of f's whole shape; literals stay)", root: Root::Reshape, find: reshape_pointwise, reach: Reach::Node },
     Rule { name: "broadcast-implicit",        family: Family::Algebraic,   equation: "f(broadcast[S](x), y) = f(x, y)  (when f broadcasts x to the same result)", root: Root::Pointwise, find: broadcast_implicit, reach: Reach::Node },
     Rule { name: "broadcast-partition-in",    family: Family::Propagation, equation: "partition[d,a](broadcast[S](x)) = broadcast[S](partition[d',a](x))  (d is a dimension of x)", root: Root::Partition, find: broadcast_partition_in, reach: Reach::Node },
     Rule { name: "broadcast-replicate-in",    family: Family::Propagation, equation: "replicate[a](broadcast[S](x)) = broadcast[S](replicate[a](x))", root: Root::Replicate, find: broadcast_replicate_in, reach: Reach::Node },
@@ -114,6 +118,45 @@ fn transpose_pointwise(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
                     Some(cls(*x))
                 } else {
                     Some(transpose(p, cls(*x)))
+                }
+            })
+            .collect();
+        if let Some(views) = views {
+            out.push(node(f.op.clone(), views));
+        }
+    }
+}
+
+fn reshape_pointwise(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
+    let Op::Reshape(shape) = &n.op else { return };
+    if tensor_type(eg, class).is_none_or(|t| !t.par.is_empty()) {
+        return;
+    }
+    let Some(tin) = tensor_type(eg, n.children[0]) else {
+        return;
+    };
+    if !tin.par.is_empty() {
+        return;
+    }
+    for f in nodes(eg, n.children[0]) {
+        if !Op::is_pointwise(&f.op) {
+            continue;
+        }
+        // Element i of every operand is element i of the value: an operand broadcast along
+        // some dimension has no reshape that keeps that (a literal has no dimension at all).
+        let views: Option<Vec<Term>> = f
+            .children
+            .iter()
+            .map(|x| {
+                let t = tensor_type(eg, *x)?;
+                if !t.par.is_empty() {
+                    None
+                } else if t.rank() == 0 {
+                    Some(cls(*x))
+                } else if t.shape == tin.shape {
+                    Some(node(Op::Reshape(shape.clone()), vec![cls(*x)]))
+                } else {
+                    None
                 }
             })
             .collect();

@@ -143,10 +143,11 @@ pub enum Root {
     Combination,
     Slice,
     Concat,
+    Reshape,
 }
 
 impl Root {
-    pub const ALL: [Root; 13] = [
+    pub const ALL: [Root; 14] = [
         Root::Any,
         Root::Binary,
         Root::Pointwise,
@@ -160,6 +161,7 @@ impl Root {
         Root::Combination,
         Root::Slice,
         Root::Concat,
+        Root::Reshape,
     ];
 
     /// The roots `op` matches, as a bit set indexed by discriminant.
@@ -178,6 +180,7 @@ impl Root {
             Op::Combination(..) => one(Root::Combination),
             Op::Slice(..) => one(Root::Slice),
             Op::Concat(_) => one(Root::Concat),
+            Op::Reshape(_) => one(Root::Reshape),
             _ => 0,
         };
         one(Root::Any) | specific
