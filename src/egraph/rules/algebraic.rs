@@ -16,6 +16,7 @@ pub static RULES: &[Rule] = &[
     Rule { name: "matmul-reassoc-left", family: Family::Algebraic, equation: "matmul(A, matmul(B,C)) = matmul(matmul(A,B),C)", root: Root::MatMul, find: reassoc_left, reach: Reach::Node },
     Rule { name: "factor-out-lhs",     family: Family::Algebraic, equation: "matmul(X ∘ a, W) = matmul(X, W) ∘ a  (∘ ∈ {*, /}; a invariant along K)", root: Root::MatMul, find: factor_out_lhs, reach: Reach::Node },
     Rule { name: "factor-out-rhs",     family: Family::Algebraic, equation: "matmul(X, W ∘ a) = matmul(X, W) ∘ a  (∘ ∈ {*, /}; a invariant along K)", root: Root::MatMul, find: factor_out_rhs, reach: Reach::Node },
+    Rule { name: "factor-out-cast-lhs", family: Family::Algebraic, equation: "matmul(cast(P ∘ a), W) = matmul(cast(P), W) ∘ a  (∘ ∈ {*, /}; a invariant along K; P an exp: probabilities cast to the product's dtype)", root: Root::MatMul, find: factor_out_cast_lhs, reach: Reach::Node },
     Rule { name: "factor-into-lhs",    family: Family::Algebraic, equation: "matmul(X, W) ∘ a = matmul(X ∘ a, W)  (∘ ∈ {*, /}; a invariant along N)", root: Root::Binary, find: factor_into_lhs, reach: Reach::Node },
     Rule { name: "distribute-matmul-lhs", family: Family::Algebraic, equation: "matmul(A,B) + matmul(A,C) = matmul(A, B + C)", root: Root::Binary, find: distribute_matmul_lhs, reach: Reach::Node },
     Rule { name: "distribute-matmul-rhs", family: Family::Algebraic, equation: "matmul(A,C) + matmul(B,C) = matmul(A + B, C)", root: Root::Binary, find: distribute_matmul_rhs, reach: Reach::Node },
@@ -171,6 +172,57 @@ fn factor_out_rhs(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
                 continue;
             }
             let prod = node(Op::MatMul(acc), vec![cls(n.children[0]), cls(w)]);
+            out.push(node(Op::Binary(b), vec![prod, cls(a)]));
+        }
+    }
+}
+
+/// FlashAttention's `P·V` with the probabilities cast to V's dtype first
+/// (`matmul(cast(w / l) to=bf16, v)`): the normaliser moves out of the cast and the product,
+/// so the product is a sum of `cast(exp(…))·V` terms that an online softmax can rescale.
+/// Both sides round each probability once to the cast's dtype (`cast(w / l)` against
+/// `cast(w)`, divided after the f32 accumulation), so each is within one rounding of the
+/// exact product; what `scales_exactly` guards against — a maximum and a normaliser taken
+/// from two roundings of one score, amplified by `exp` — cannot arise from values an `exp`
+/// already produced and a product sums. Only for `P` an `exp` and `a` of the product's dtype.
+fn factor_out_cast_lhs(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
+    let Op::MatMul(acc) = n.op else { return };
+    let (Some(tout), Some(tc)) = (tensor_type(eg, class), tensor_type(eg, n.children[0])) else {
+        return;
+    };
+    if !tout.par.is_empty() || !tc.par.is_empty() {
+        return;
+    }
+    let rank = tc.rank();
+    let Some(row) = rank.checked_sub(1) else {
+        return;
+    };
+    for c in nodes(eg, n.children[0]) {
+        let Op::Cast(to) = c.op else { continue };
+        let Some(tin) = tensor_type(eg, c.children[0]) else {
+            continue;
+        };
+        if tin.dtype != crate::ir::DType::F32 {
+            continue;
+        }
+        for (b, x, a) in scaled_operands(eg, c.children[0]) {
+            let (Some(ta), Some(tx)) = (tensor_type(eg, a), tensor_type(eg, x)) else {
+                continue;
+            };
+            let probabilities = nodes(eg, x)
+                .iter()
+                .any(|m| matches!(m.op, Op::Unary(crate::ir::UnaryOp::Exp)));
+            if !probabilities
+                || tx.rank() != rank
+                || tx.dtype != crate::ir::DType::F32
+                || ta.dtype != tout.dtype
+                || !ta.par.is_empty()
+                || !invariant_at(ta, rank, row)
+            {
+                continue;
+            }
+            let cast = node(Op::Cast(to), vec![cls(x)]);
+            let prod = node(Op::MatMul(acc), vec![cast, cls(n.children[1])]);
             out.push(node(Op::Binary(b), vec![prod, cls(a)]));
         }
     }

@@ -499,12 +499,28 @@ fn synthesise_repair(
         contribution,
         empty,
         g: &emit_g,
+        cast_rounding: cast_rounding(g),
     };
     let verdict = repair::synthesise(&problem);
     if let Ok(mut m) = verdicts.lock() {
         m.insert(key, verdict);
     }
     verdict
+}
+
+/// The unit roundoff of the narrowest float type `g` casts to (0 when it casts to none).
+fn cast_rounding(g: &G) -> f64 {
+    match g {
+        G::Node(op, kids) => {
+            let own = match op {
+                Op::Cast(crate::ir::DType::BF16) => 2f64.powi(-8),
+                Op::Cast(crate::ir::DType::F16) => 2f64.powi(-11),
+                _ => 0.0,
+            };
+            kids.iter().map(cast_rounding).fold(own, f64::max)
+        }
+        _ => 0.0,
+    }
 }
 
 struct Consumer {
