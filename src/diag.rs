@@ -238,7 +238,18 @@ impl SourceMap {
         if let Some(h) = &diag.help {
             report = report.with_help(h);
         }
-        let cache = ariadne::sources(self.files.iter().map(|f| (f.name.clone(), f.text.clone())));
+        // Control characters are shown as `?`, one byte for one so the spans stay put: a NUL
+        // or an escape sequence in the input must not reach the terminal raw.
+        let shown = |text: &str| -> String {
+            text.chars()
+                .map(|c| match c {
+                    '\t' | '\n' | '\r' => c,
+                    c if c.is_ascii_control() => '?',
+                    c => c,
+                })
+                .collect()
+        };
+        let cache = ariadne::sources(self.files.iter().map(|f| (f.name.clone(), shown(&f.text))));
         let _ = report.finish().write(cache, &mut *out);
     }
 }

@@ -1418,6 +1418,10 @@ fn empty_nul_and_invalid_utf8_input() {
         for args in [&[][..], &["--split-input-file".to_string()][..]] {
             let out = run_cli(args, input, Duration::from_secs(20));
             let stderr = String::from_utf8_lossy(&out.stderr);
+            // A control byte of the input is shown as `?`, never echoed raw to a terminal.
+            if out.stderr.iter().any(|b| *b == 0 || *b == 0x1b) {
+                problems.push(format!("{what} {args:?}: stderr echoes a control byte"));
+            }
             if out.code != Some(1) || !stderr.contains(expected) {
                 problems.push(format!(
                     "{what} {args:?}: exit {:?}, expected 1 and `{expected}`; stderr:\n{}",
