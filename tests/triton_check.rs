@@ -233,6 +233,7 @@ fn masked_corpus_candidates_at_odd_sizes_run_and_compile() {
         ("attention_sinks_window", &["Q=40", "K=40"][..]),
         ("sliding_window_decode", &["K=100"][..]),
         ("attention_sinks_decode", &["K=100"][..]),
+        ("flash_cast_probabilities", &["T=40"][..]),
     ] {
         let summary = check_file(
             &format!("tests/corpus/{name}.ef"),
