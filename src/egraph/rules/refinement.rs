@@ -18,7 +18,7 @@ pub static RULES: &[Rule] = &[
     Rule { name: "matmul-split-mnk", family: Family::Refinement, equation: "matmul(A,B) = combination[M,m](combination[N,n](reduce tile_matmul(partition[K,k](replicate[n](partition[M,m](A))), partition[K,k](partition[N,n](replicate[m](B)))) parallel=k reducer=@add))", root: Root::MatMul, find: matmul_split_mnk, reach: Reach::Node },
     Rule { name: "matmul-split-batch", family: Family::Refinement, equation: "matmul(A,B) = combination[Bt,b](matmul(partition[Bt,b](A), partition[Bt,b](B)))  (replicate for a broadcast operand)", root: Root::MatMul, find: matmul_split_batch, reach: Reach::Node },
     Rule { name: "reduce-split-kept", family: Family::Refinement, equation: "reduce X axis=K = combination[M,m](reduce partition[M,m](X) axis=K)  (M a kept dimension)", root: Root::ReduceAxis, find: reduce_split_kept, reach: Reach::Node },
-    Rule { name: "refine-result",    family: Family::Refinement, equation: "R = combination[D,d](partition[D,d](R))  (R a pointwise or transpose result, or concat piece, no rule tiled)", root: Root::Any, find: refine_result, reach: Reach::Late },
+    Rule { name: "refine-result",    family: Family::Refinement, equation: "R = combination[D,d](partition[D,d](R))  (R a pointwise or transpose result, a concat piece or a reshaped transpose, no rule tiled)", root: Root::Any, find: refine_result, reach: Reach::Late },
     Rule { name: "reduce-split-reduced", family: Family::Refinement, equation: "reduce X axis=K reducer=@r = reduce (reduce partition[K,k](X) axis=K reducer=@r) parallel=k reducer=@r  (@r associative)", root: Root::ReduceAxis, find: reduce_split_reduced, reach: Reach::Node },
 ];
 
@@ -405,7 +405,16 @@ fn refine_result(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
             .parents()
             .any(|p| matches!(eg.id_to_node(p).op, Op::Concat(_)))
     };
-    if !eg.analysis.results.iter().any(|r| eg.find(*r) == class) && !concatenated() {
+    // And a transpose a `reshape` reads: the reshape views the transpose's buffer, so the
+    // transpose is stored by a kernel of its own (GQA keys written
+    // `reshape[NKVx1xDxT](transpose[0,2,1](k))` were one block of the whole tensor).
+    let reshaped = || {
+        matches!(n.op, Op::Transpose(_))
+            && eg[class]
+                .parents()
+                .any(|p| matches!(eg.id_to_node(p).op, Op::Reshape(_)))
+    };
+    if !eg.analysis.results.iter().any(|r| eg.find(*r) == class) && !concatenated() && !reshaped() {
         return;
     }
     let Some(t) = tensor_type(eg, class) else {
