@@ -22,7 +22,7 @@ pub static RULES: &[Rule] = &[
     Rule { name: "transpose-pointwise",       family: Family::Algebraic,   equation: "transpose[P](f(x, y)) = f(transpose[P](x), transpose[P](y))  (literals and operands P leaves alone stay)", root: Root::Transpose, find: transpose_pointwise, reach: Reach::Node },
     Rule { name: "transpose-reduce",          family: Family::Algebraic,   equation: "transpose[P](reduce X axis=d) = reduce transpose[P'](X) axis=d'  (P' = P with the reduced dimension kept in place)", root: Root::Transpose, find: transpose_reduce, reach: Reach::Node },
     Rule { name: "transpose-compose",         family: Family::Algebraic,   equation: "transpose[P](transpose[Q](x)) = transpose[Q∘P](x), = x when Q∘P is the identity", root: Root::Transpose, find: transpose_compose, reach: Reach::Node },
-    Rule { name: "reshape-pointwise",         family: Family::Algebraic,   equation: "reshape[S](f(x, y)) = f(reshape[S](x), reshape[S](y))  (operands of f's whole shape; literals stay)", root: Root::Reshape, find: reshape_pointwise, reach: Reach::Node },
+    Rule { name: "reshape-pointwise",         family: Family::Algebraic,   equation: "reshape[S](f(x, y)) = f(reshape[S](x), reshape[S](y))  (f a pointwise chain over inputs; operands of its whole shape; literals stay)", root: Root::Reshape, find: reshape_pointwise, reach: Reach::Node },
     Rule { name: "broadcast-implicit",        family: Family::Algebraic,   equation: "f(broadcast[S](x), y) = f(x, y)  (when f broadcasts x to the same result)", root: Root::Pointwise, find: broadcast_implicit, reach: Reach::Node },
     Rule { name: "broadcast-partition-in",    family: Family::Propagation, equation: "partition[d,a](broadcast[S](x)) = broadcast[S](partition[d',a](x))  (d is a dimension of x)", root: Root::Partition, find: broadcast_partition_in, reach: Reach::Node },
     Rule { name: "broadcast-replicate-in",    family: Family::Propagation, equation: "replicate[a](broadcast[S](x)) = broadcast[S](replicate[a](x))", root: Root::Replicate, find: broadcast_replicate_in, reach: Reach::Node },
@@ -139,7 +139,11 @@ fn reshape_pointwise(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
         return;
     }
     for f in nodes(eg, n.children[0]) {
-        if !Op::is_pointwise(&f.op) {
+        // Only a pointwise chain over inputs: a computed operand (a product) is stored tiled
+        // for the reshape to view, and the result's copy is tiled along two dimensions
+        // (`extract/output.rs`); moved outward, a `cast` of a projection split into heads
+        // became a pointwise result tiled along one dimension only, and had no legal schedule.
+        if !Op::is_pointwise(&f.op) || !of_inputs(eg, n.children[0], 8) {
             continue;
         }
         // Element i of every operand is element i of the value: an operand broadcast along
@@ -164,6 +168,18 @@ fn reshape_pointwise(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
             out.push(node(f.op.clone(), views));
         }
     }
+}
+
+/// Whether class `c` holds a value computed by pointwise operators from inputs and literals
+/// alone (within `depth` steps).
+fn of_inputs(eg: &EGraph, c: Id, depth: usize) -> bool {
+    nodes(eg, c).iter().any(|m| match &m.op {
+        Op::Input(..) | Op::Constant(..) => true,
+        op if Op::is_pointwise(op) && depth > 0 => {
+            m.children.iter().all(|k| of_inputs(eg, *k, depth - 1))
+        }
+        _ => false,
+    })
 }
 
 fn transpose_reduce(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
