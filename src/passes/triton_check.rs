@@ -167,8 +167,19 @@ impl Pass for TritonCheckPass {
                 .iter()
                 .map(|b| {
                     let mut m = serde_json::Map::new();
-                    for a in chosen_plans[fi].axis_dims().keys() {
-                        m.insert(format!("BLOCK_{a}"), (*b).into());
+                    // A block no wider than its axis (rounded up to a power of two, as
+                    // Triton needs, and at least 16): 32 on the batch and head axes of a
+                    // 2×2×T×D attention made a 2M-element block, past Triton's 2^20.
+                    for (a, d) in chosen_plans[fi].axis_dims() {
+                        let extent = match &d {
+                            crate::ir::DimBase::Lit(n) => Some(*n),
+                            crate::ir::DimBase::Sym(x) | crate::ir::DimBase::Extent(x) => {
+                                sizes.get(x.as_str())
+                            }
+                        };
+                        // At least 16, which `tl.dot` needs of its dimensions on sm_90.
+                        let block = extent.map_or(*b, |e| (*b).min(e.max(16).next_power_of_two()));
+                        m.insert(format!("BLOCK_{a}"), block.into());
                     }
                     serde_json::Value::Object(m)
                 })
