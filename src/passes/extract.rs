@@ -837,20 +837,22 @@ impl Pass for ExtractPass {
                     }
                 }
             }
-            // Under `stored-grids=auto` without stored grids (results of rank 2: MLPs), a
-            // search that proved its top K proved it only among programs storing values along
-            // one grid axis; every stored grid may hold a better one (two chained GEMMs at
-            // M = 4096: 357.22 us proven, 90.11 us with every grid). It gets twice the time
-            // the proof took (at least a second, at most what is left), and its candidates
-            // replace the proven ones where its best ranks better.
+            // Under `stored-grids=auto`, a search that proved its top K proved it only among
+            // programs storing values along one grid axis (results of rank 2: MLPs) or
+            // storing only what no kernel reads (`true`, rank 3); every stored grid may hold
+            // a better one (two chained GEMMs at M = 4096: 357.22 us proven, 90.11 us with
+            // every grid; a bf16 SwiGLU over BxTxH: 2,082.89 us proven with `true`, whose
+            // hidden activation some fused program reads, 192.90 us). It gets twice the
+            // time the proof took (at least a second, at most what is left), and its
+            // candidates replace the proven ones where its best ranks better.
             let best = |r: &crate::egraph::extract::ExtractReport| {
                 r.candidates
                     .iter()
                     .filter_map(|c| c.estimate)
                     .fold(f64::INFINITY, f64::min)
             };
+            let mut retried = false;
             if self.stored_grids == StoredGrids::Auto
-                && !stored_grids
                 && composed.is_none()
                 && extractor.rank_bound.is_some()
                 && ranked(&report)
@@ -866,22 +868,52 @@ impl Pass for ExtractPass {
                     .min((spent * 2).max(Duration::from_secs(1)));
                 if share >= Duration::from_millis(100) {
                     if let Ok(other) = ExtractGraph::with_every_stored_grid(g) {
-                        let r = extractor
+                        // Half in the search's own order, then, unless that proved its top K,
+                        // half in walk order: most constrained hole first dives into the
+                        // fused programs (the SwiGLU above: nothing better in 11 s; walk
+                        // order finds 192.90 us within 2 s).
+                        let tenths = |d: Duration| {
+                            Duration::from_secs_f64((d.as_secs_f64() * 10.0).floor() / 10.0)
+                        };
+                        let half = tenths(share / 2);
+                        let mut r = extractor
                             .clone()
                             .with_unranked_after(None)
-                            .with_time_limit(share)
+                            .with_time_limit(half)
                             .run(&other);
+                        if !matches!(
+                            r.stop,
+                            crate::egraph::extract::ExtractStop::TopFound(_)
+                                | crate::egraph::extract::ExtractStop::Exhausted
+                        ) && extractor.hole_order != HoleOrder::Walk
+                        {
+                            let walked = extractor
+                                .clone()
+                                .with_unranked_after(None)
+                                .with_hole_order(HoleOrder::Walk)
+                                .with_time_limit(tenths(share.saturating_sub(half)))
+                                .run(&other);
+                            if best(&walked) < best(&r) {
+                                r = walked;
+                            }
+                        }
                         let (was, now) = (best(&report), best(&r));
                         if now < was {
                             cx.diagnostics.push(Diagnostic::global(
                                 Severity::Remark,
                                 format!(
-                                    "extract @{}: with every stored grid the best ranks {now:.2} us, against {was:.2} us proven with one grid axis: its candidates are output (`stored-grids=auto`)",
-                                    g.name
+                                    "extract @{}: with every stored grid the best ranks {now:.2} us, against {was:.2} us proven {}: its candidates are output (`stored-grids=auto`)",
+                                    g.name,
+                                    if stored_grids {
+                                        "storing only tiles no kernel reads"
+                                    } else {
+                                        "with one grid axis"
+                                    }
                                 ),
                             ));
                             report = r;
                             x = other;
+                            retried = true;
                         }
                     }
                 }
@@ -889,7 +921,10 @@ impl Pass for ExtractPass {
             // The race: a whole search that ran to its limit with ranked candidates leaves
             // the rest of the limit to the partitioned search, whose candidates join its own.
             let mut raced: Option<Vec<Function>> = None;
+            // (Not after the every-grid search replaced a proven top K: its time was spent
+            // there.)
             if race
+                && !retried
                 && composed.is_none()
                 && ranked(&report)
                 && matches!(
