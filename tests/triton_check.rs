@@ -589,3 +589,33 @@ fn bf16_casts_round_as_the_gpu_rounds() {
         "saturate,extract{max-candidates=60 time-limit=10},triton-check{blocks=16,32 sample=6}",
     );
 }
+
+/// The tolerance a narrow program gets comes from the interpreter run without rounding
+/// bf16/f16 results: that run is the f32 program on the same (narrow) inputs, and the
+/// rounded run differs from it by the narrow roundings only. A sum of 64 bf16 products is
+/// a few bf16 roundings from exact, not O(1).
+#[test]
+fn exact_floats_skip_only_narrow_rounding() {
+    use efopt::interp::{random_inputs, relative_l2, Interpreter, Sizes};
+    let narrow = "func f where M = 8, K = 64 {\n  a: tensor<MxK, bf16> = input\n  b: tensor<MxK, bf16> = input\n  e = exp(a * b)\n  return reduce e axis=1 reducer=@add keep_dims\n}\n";
+    let wide = "func f where M = 8, K = 64 {\n  a: tensor<MxK, bf16> = input\n  b: tensor<MxK, bf16> = input\n  e = exp(cast(a) to=f32 * cast(b) to=f32)\n  return reduce e axis=1 reducer=@add keep_dims\n}\n";
+    let run = |text: &str, exact: bool| {
+        let mut m = efopt::parse::parse_module(text, 0).expect("parses");
+        efopt::verify::verify_module(&mut m).expect("verifies");
+        let f = &m.funcs[0];
+        let sizes = Sizes::for_function(f, 4);
+        let inputs = random_inputs(f, &sizes, 3, 1.0).expect("inputs");
+        let mut interp = Interpreter::new(&m, sizes);
+        if exact {
+            interp = interp.with_exact_floats();
+        }
+        let out = interp.run(f, &inputs).expect("runs");
+        out[0].dense().expect("a tensor").clone()
+    };
+    let (rounded, exact, f32) = (run(narrow, false), run(narrow, true), run(wide, false));
+    // Without rounding, the bf16 program is the f32 one.
+    assert!(relative_l2(&exact, &f32) < 1e-6);
+    // With it, a few bf16 unit roundoffs (2^-8) away: the tolerance stays tight.
+    let own = relative_l2(&rounded, &exact);
+    assert!(own > 1e-4 && own < 4.0 * 2f64.powi(-8), "{own}");
+}

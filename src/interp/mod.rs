@@ -273,6 +273,9 @@ pub struct Interpreter<'m> {
     sizes: Sizes,
     /// The derived sizes of the function being run, to type reducer bodies per use.
     defs: SizeDefs,
+    /// Computes bf16/f16 operations without rounding their results (inputs and constants
+    /// keep their values): how far a narrow program is from exact arithmetic.
+    exact_floats: bool,
 }
 
 fn dtype_of_binary(op: BinaryOp, a: DType, b: DType) -> DType {
@@ -359,6 +362,21 @@ impl<'m> Interpreter<'m> {
             module,
             sizes,
             defs: SizeDefs::default(),
+            exact_floats: false,
+        }
+    }
+
+    /// Evaluates without rounding operations to bf16/f16 (see `exact_floats`).
+    pub fn with_exact_floats(mut self) -> Self {
+        self.exact_floats = true;
+        self
+    }
+
+    /// The dtype an operation's result rounds to.
+    fn rounding(&self, dtype: DType) -> DType {
+        match dtype {
+            DType::BF16 | DType::F16 if self.exact_floats => DType::F32,
+            _ => dtype,
         }
     }
 
@@ -385,6 +403,7 @@ impl<'m> Interpreter<'m> {
                 module: self.module,
                 sizes: self.sizes.clone(),
                 defs,
+                exact_floats: self.exact_floats,
             };
             return with_defs.eval_body(&f.body, inputs);
         }
@@ -555,7 +574,7 @@ impl<'m> Interpreter<'m> {
                     .iter()
                     .map(|x| {
                         let mut r = Tensor::zip(&[x], |v| f(v[0]))?;
-                        r.round(t.dtype);
+                        r.round(self.rounding(t.dtype));
                         Ok(Arc::new(r))
                     })
                     .collect::<Result<_, String>>()?;
@@ -583,7 +602,7 @@ impl<'m> Interpreter<'m> {
                     .iter()
                     .map(|x| {
                         let mut r = (**x).clone();
-                        r.round(*to);
+                        r.round(self.rounding(*to));
                         Arc::new(r)
                     })
                     .collect();
@@ -601,7 +620,7 @@ impl<'m> Interpreter<'m> {
                 let mut tiles = Vec::new();
                 for c in for_coords(&axes) {
                     let mut r = Tensor::matmul(a.tile_at(&c), b.tile_at(&c))?;
-                    r.round(dt);
+                    r.round(self.rounding(dt));
                     tiles.push(Arc::new(r));
                 }
                 tt(TiledTensor {
@@ -853,7 +872,7 @@ impl<'m> Interpreter<'m> {
         for c in for_coords(&axes) {
             let args: Vec<&Tensor> = ts.iter().map(|t| t.tile_at(&c).as_ref()).collect();
             let mut r = Tensor::zip(&args, &f)?;
-            r.round(dt);
+            r.round(self.rounding(dt));
             tiles.push(Arc::new(r));
         }
         Ok(Value::Tensor(TiledTensor {
@@ -952,7 +971,7 @@ impl<'m> Interpreter<'m> {
                         if !keep_dims {
                             y.shape.remove(dim);
                         }
-                        y.round(t.dtype);
+                        y.round(self.rounding(t.dtype));
                         Arc::new(y)
                     })
                     .collect();
@@ -991,7 +1010,7 @@ impl<'m> Interpreter<'m> {
                             .map(|x| x as f32)
                             .collect(),
                     };
-                    out.round(t.dtype);
+                    out.round(self.rounding(t.dtype));
                     tiles.push(Arc::new(out));
                 }
                 Ok(Value::Tensor(TiledTensor {

@@ -17,6 +17,7 @@ pub static RULES: &[Rule] = &[
     Rule { name: "factor-out-lhs",     family: Family::Algebraic, equation: "matmul(X ∘ a, W) = matmul(X, W) ∘ a  (∘ ∈ {*, /}; a invariant along K)", root: Root::MatMul, find: factor_out_lhs, reach: Reach::Node },
     Rule { name: "factor-out-rhs",     family: Family::Algebraic, equation: "matmul(X, W ∘ a) = matmul(X, W) ∘ a  (∘ ∈ {*, /}; a invariant along K)", root: Root::MatMul, find: factor_out_rhs, reach: Reach::Node },
     Rule { name: "factor-out-cast-lhs", family: Family::Algebraic, equation: "matmul(cast(P ∘ a), W) = matmul(cast(P), W) ∘ a  (∘ ∈ {*, /}; a invariant along K; P an exp: probabilities cast to the product's dtype)", root: Root::MatMul, find: factor_out_cast_lhs, reach: Reach::Node },
+    Rule { name: "factor-out-narrow-lhs", family: Family::Algebraic, equation: "matmul(P ∘ a, W) = matmul(P, W) ∘ a  (∘ ∈ {*, /}; a invariant along K; P an exp in bf16/f16, a of the product's dtype: probabilities computed narrow)", root: Root::MatMul, find: factor_out_narrow_lhs, reach: Reach::Node },
     Rule { name: "factor-into-lhs",    family: Family::Algebraic, equation: "matmul(X, W) ∘ a = matmul(X ∘ a, W)  (∘ ∈ {*, /}; a invariant along N)", root: Root::Binary, find: factor_into_lhs, reach: Reach::Node },
     Rule { name: "distribute-matmul-lhs", family: Family::Algebraic, equation: "matmul(A,B) + matmul(A,C) = matmul(A, B + C)", root: Root::Binary, find: distribute_matmul_lhs, reach: Reach::Node },
     Rule { name: "distribute-matmul-rhs", family: Family::Algebraic, equation: "matmul(A,C) + matmul(B,C) = matmul(A + B, C)", root: Root::Binary, find: distribute_matmul_rhs, reach: Reach::Node },
@@ -116,7 +117,31 @@ fn scales_exactly(eg: &EGraph, scaled: crate::ir::DType, a: Id) -> bool {
         })
 }
 
-fn factor_out_lhs(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
+/// Probabilities computed in bf16/f16 (`P` an `exp`, `a` of the product's dtype): as for
+/// [`factor_out_cast_lhs`], both sides round each probability once before the product and
+/// the normaliser once after it, and no maximum is taken from a rounding of a score.
+fn narrow_probabilities(eg: &EGraph, x: Id, ta: &TensorType, class: Id) -> bool {
+    let Some(tout) = tensor_type(eg, class) else {
+        return false;
+    };
+    ta.dtype == tout.dtype
+        && ta.par.is_empty()
+        && nodes(eg, x)
+            .iter()
+            .any(|m| matches!(m.op, Op::Unary(crate::ir::UnaryOp::Exp)))
+}
+
+fn factor_out_lhs(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
+    factor_out_lhs_where(eg, class, n, true, out)
+}
+
+fn factor_out_narrow_lhs(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
+    factor_out_lhs_where(eg, class, n, false, out)
+}
+
+/// `matmul(X ∘ a, W) = matmul(X, W) ∘ a`, where the scaling rounds as the product's does
+/// (`exact`), or else for narrow probabilities only.
+fn factor_out_lhs_where(eg: &EGraph, class: Id, n: &ENode, exact: bool, out: &mut Out) {
     let Op::MatMul(acc) = n.op else { return };
     let Some(tx) = tensor_type(eg, n.children[0]) else {
         return;
@@ -137,7 +162,10 @@ fn factor_out_lhs(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
             let Some(row) = rank.checked_sub(1) else {
                 return;
             };
-            if tx2.rank() != rank || !invariant_at(ta, rank, row) || !scales_exactly(eg, scaled, a)
+            if tx2.rank() != rank
+                || !invariant_at(ta, rank, row)
+                || scales_exactly(eg, scaled, a) != exact
+                || (!exact && !narrow_probabilities(eg, x, ta, class))
             {
                 continue;
             }

@@ -541,6 +541,14 @@ fn repair_fusion(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
     let Some(producer_ty) = tensor_type(eg, class) else {
         return;
     };
+    // A bf16/f16 producer keeps its state in f32 (the reducer's identities are f32
+    // literals, and a softmax's sums should not round per tile); the contributions read it
+    // cast back, which is exact: a maximum of narrow values is one of them.
+    let narrow = |t: &TensorType| match t.dtype {
+        crate::ir::DType::BF16 | crate::ir::DType::F16 => Some(t.dtype),
+        _ => None,
+    };
+    let producer_narrow = narrow(producer_ty);
     let Some(rep) = eg.lookup(ENode::new(Op::Replicate(axis.into()), vec![class])) else {
         return;
     };
@@ -651,7 +659,16 @@ fn repair_fusion(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
             } else {
                 cs[i]
             };
-            let Some(contrib) = emit(&mut body, &c.g, new, &item_nodes) else {
+            let read = match producer_narrow {
+                Some(d) => {
+                    let kind = ENode::new(Op::Cast(d), vec![])
+                        .to_expr_kind()
+                        .with_operands(&[new]);
+                    push(&mut body, kind)
+                }
+                None => new,
+            };
+            let Some(contrib) = emit(&mut body, &c.g, read, &item_nodes) else {
                 ok = false;
                 break;
             };
@@ -704,8 +721,16 @@ fn repair_fusion(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
         ) else {
             continue;
         };
-        let expected: Vec<Type> = std::iter::once(Type::Tensor(producer_ty.clone()))
-            .chain(chosen.iter().map(|c| Type::Tensor(c.ty.clone())))
+        // Narrow states are f32 in the fold and cast back after it.
+        let wide = |t: &TensorType| {
+            let mut t = t.clone();
+            if narrow(&t).is_some() {
+                t.dtype = crate::ir::DType::F32;
+            }
+            Type::Tensor(t)
+        };
+        let expected: Vec<Type> = std::iter::once(wide(producer_ty))
+            .chain(chosen.iter().map(|c| wide(&c.ty)))
             .collect();
         if result != expected {
             continue;
@@ -713,9 +738,16 @@ fn repair_fusion(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
         let mut fields = vec![cls(x)];
         fields.extend(items.iter().map(|i| cls(*i)));
         let fused = node(op, vec![node(Op::Tuple, fields)]);
-        out.push(node(Op::Get(0), vec![fused.clone()]));
+        let narrowed = |t: &TensorType, term: Term| match narrow(t) {
+            Some(d) => node(Op::Cast(d), vec![term]),
+            None => term,
+        };
+        out.push(narrowed(producer_ty, node(Op::Get(0), vec![fused.clone()])));
         for (i, c) in chosen.iter().enumerate() {
-            out.equal(c.class, node(Op::Get(i + 1), vec![fused.clone()]));
+            out.equal(
+                c.class,
+                narrowed(&c.ty, node(Op::Get(i + 1), vec![fused.clone()])),
+            );
         }
         let repairs: Vec<String> = chosen
             .iter()
