@@ -234,6 +234,8 @@ fn masked_corpus_candidates_at_odd_sizes_run_and_compile() {
         ("sliding_window_decode", &["K=100"][..]),
         ("attention_sinks_decode", &["K=100"][..]),
         ("flash_cast_probabilities", &["T=40"][..]),
+        ("narrow_causal_attention", &["T=40"][..]),
+        ("softcap_decode_bf16", &["S=100"][..]),
     ] {
         let summary = check_file(
             &format!("tests/corpus/{name}.ef"),

@@ -168,9 +168,7 @@ impl Pass for TritonCheckPass {
                 };
                 let file = format!("f{fi}_out{i}.f32");
                 write_f32(&dir.join(&file), &t.data).map_err(|e| fail(e.to_string()))?;
-                let own = x
-                    .dense()
-                    .map_or(0.0, |x| crate::interp::relative_l2(t, x));
+                let own = x.dense().map_or(0.0, |x| crate::interp::relative_l2(t, x));
                 let tol = if own.is_finite() {
                     self.tol.max(2.0 * own)
                 } else {
