@@ -236,6 +236,8 @@ fn masked_corpus_candidates_at_odd_sizes_run_and_compile() {
         ("flash_cast_probabilities", &["T=40"][..]),
         ("narrow_causal_attention", &["T=40"][..]),
         ("softcap_decode_bf16", &["S=100"][..]),
+        ("sigmoid_causal_attention", &["T=40"][..]),
+        ("window_decode_gqa_f16", &["S=100"][..]),
     ] {
         let summary = check_file(
             &format!("tests/corpus/{name}.ef"),

@@ -716,8 +716,17 @@ impl Pass for ExtractPass {
                 let (name, shown) = (g.name.clone(), shown.clone());
                 extractor = extractor.with_progress(std::sync::Arc::new(move |p| {
                     shown.store(true, std::sync::atomic::Ordering::Relaxed);
+                    // The best estimates so far, and when they last changed.
+                    let best = match (p.best_us, p.kth_us) {
+                        (Some(b), Some(k)) => format!(
+                            ", best {b:.2} us, last of top {k:.2} us (top changed at {} expanded)",
+                            p.last_improvement
+                        ),
+                        (Some(b), None) => format!(", best {b:.2} us"),
+                        _ => String::new(),
+                    };
                     eprint!(
-                        "\r// extract @{name}: {} expanded, {} complete, {} distinct, {} waiting, {:.1} s   ",
+                        "\r// extract @{name}: {} expanded, {} complete, {} distinct, {} waiting{best}, {:.1} s   ",
                         p.expanded, p.complete, p.distinct, p.worklist, p.seconds
                     );
                 }));
@@ -856,11 +865,7 @@ impl Pass for ExtractPass {
                 && composed.is_none()
                 && extractor.rank_bound.is_some()
                 && ranked(&report)
-                && matches!(
-                    report.stop,
-                    crate::egraph::extract::ExtractStop::TopFound(_)
-                        | crate::egraph::extract::ExtractStop::Exhausted
-                )
+                && report.stop.searched_all()
             {
                 let spent = started.elapsed();
                 let share = limit
@@ -872,26 +877,18 @@ impl Pass for ExtractPass {
                         // half in walk order: most constrained hole first dives into the
                         // fused programs (the SwiGLU above: nothing better in 11 s; walk
                         // order finds 192.90 us within 2 s).
-                        let tenths = |d: Duration| {
-                            Duration::from_secs_f64((d.as_secs_f64() * 10.0).floor() / 10.0)
-                        };
-                        let half = tenths(share / 2);
+                        let half = floor_tenths(share / 2);
                         let mut r = extractor
                             .clone()
                             .with_unranked_after(None)
                             .with_time_limit(half)
                             .run(&other);
-                        if !matches!(
-                            r.stop,
-                            crate::egraph::extract::ExtractStop::TopFound(_)
-                                | crate::egraph::extract::ExtractStop::Exhausted
-                        ) && extractor.hole_order != HoleOrder::Walk
-                        {
+                        if !r.stop.searched_all() && extractor.hole_order != HoleOrder::Walk {
                             let walked = extractor
                                 .clone()
                                 .with_unranked_after(None)
                                 .with_hole_order(HoleOrder::Walk)
-                                .with_time_limit(tenths(share.saturating_sub(half)))
+                                .with_time_limit(floor_tenths(share.saturating_sub(half)))
                                 .run(&other);
                             if best(&walked) < best(&r) {
                                 r = walked;
@@ -933,7 +930,7 @@ impl Pass for ExtractPass {
                 )
             {
                 let left = limit.saturating_sub(started.elapsed());
-                let share = Duration::from_secs_f64((left.as_secs_f64() * 10.0).floor() / 10.0);
+                let share = floor_tenths(left);
                 if let (Some(p), true) = (split, share >= Duration::from_millis(100)) {
                     cx.diagnostics.push(Diagnostic::global(
                         Severity::Remark,
@@ -1332,6 +1329,7 @@ fn search_counters(
         "forced_picks": report.forced,
         "pruned_equivalent": report.equivalent,
         "pruned_over_bound": report.over_bound,
+        "expanded_at_last_improvement": report.last_improvement,
         "pruned_too_large_value": report.too_large_value,
         "pruned_no_launch_order": report.no_launch_order,
         "rejected_not_lowerable": report.not_lowerable,
@@ -1490,6 +1488,12 @@ const MEMORY_CAP_MIB: usize = 8192;
 /// The machine's memory in MiB (`MemTotal` of `/proc/meminfo`), where the system reports it.
 fn machine_mib() -> Option<usize> {
     crate::egraph::extract::proc_mib("/proc/meminfo", "MemTotal:")
+}
+
+/// `d` rounded down to a tenth of a second: a search's share of a limit, as its remarks show
+/// it.
+fn floor_tenths(d: Duration) -> Duration {
+    Duration::from_secs_f64((d.as_secs_f64() * 10.0).floor() / 10.0)
 }
 
 #[cfg(test)]

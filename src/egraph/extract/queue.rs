@@ -27,6 +27,8 @@ pub(super) struct Outcomes {
     /// bits, which order as the non-negative numbers do; the largest on top).
     pub(super) top: usize,
     pub(super) best: std::collections::BinaryHeap<u64>,
+    /// How often an estimate entered the best `top`.
+    pub(super) improvements: usize,
 }
 
 impl Outcomes {
@@ -56,9 +58,13 @@ impl Outcomes {
             c.estimate = estimate;
         }
         if let Some(e) = estimate.filter(|_| self.top > 0) {
-            self.best.push(e.max(0.0).to_bits());
-            if self.best.len() > self.top {
-                self.best.pop();
+            let bits = e.max(0.0).to_bits();
+            self.best.push(bits);
+            let dropped = (self.best.len() > self.top)
+                .then(|| self.best.pop())
+                .flatten();
+            if dropped != Some(bits) {
+                self.improvements += 1;
             }
         }
     }

@@ -58,6 +58,9 @@ struct Counts {
     /// first such value's class.
     too_large_value: usize,
     first_too_large: Option<u32>,
+    /// `Outcomes::improvements` as last seen, and the programs expanded then.
+    improvements: usize,
+    last_improvement: usize,
 }
 
 /// One run of the search: the worklist, the trail of picks, the seen-set, what complete
@@ -307,6 +310,10 @@ impl<'scope, 'env> Search<'scope, 'env> {
     /// taken and every 256th.
     fn check_limits(&mut self) -> Option<ExtractStop> {
         let elapsed = self.start.elapsed();
+        if self.out.improvements != self.n.improvements {
+            self.n.improvements = self.out.improvements;
+            self.n.last_improvement = self.n.expanded;
+        }
         if elapsed > self.ex.time_limit {
             return Some(ExtractStop::TimeLimit(self.ex.time_limit.as_secs_f64()));
         }
@@ -346,6 +353,12 @@ impl<'scope, 'env> Search<'scope, 'env> {
                 distinct: self.out.distinct.len(),
                 worklist: self.worklist.len(),
                 seconds: elapsed.as_secs_f64(),
+                best_us: self.out.best.iter().min().map(|b| f64::from_bits(*b)),
+                kth_us: (self.ex.rank_bound.as_ref())
+                    .filter(|rb| self.out.best.len() >= rb.top.max(1))
+                    .and_then(|_| self.out.best.peek())
+                    .map(|b| f64::from_bits(*b)),
+                last_improvement: self.n.last_improvement,
             });
         }
         None
@@ -1068,6 +1081,9 @@ impl<'scope, 'env> Search<'scope, 'env> {
         if let Some(q) = self.queue.as_mut() {
             q.drain(&mut self.out);
         }
+        if self.out.improvements != self.n.improvements {
+            self.n.last_improvement = self.n.expanded;
+        }
         let Outcomes {
             distinct,
             candidates,
@@ -1111,6 +1127,7 @@ impl<'scope, 'env> Search<'scope, 'env> {
             forced: n.forced,
             equivalent: n.equivalent + deferred.equivalent,
             over_bound: n.over_bound,
+            last_improvement: n.last_improvement,
             too_large_value: n.too_large_value,
             first_too_large: n.first_too_large.map(|c| {
                 let ty = self.x.g.egraph[self.x.ids[c as usize]].data.as_ref();
