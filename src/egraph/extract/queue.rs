@@ -52,6 +52,19 @@ impl Outcomes {
         new || every
     }
 
+    /// The best estimate found, and the `top`-th once there are `top` (rank-bounded).
+    pub(super) fn best_and_kth(&self) -> (Option<f64>, Option<f64>) {
+        let best = self.best.iter().min().map(|b| f64::from_bits(*b));
+        let full = self.top > 0 && self.best.len() >= self.top;
+        (
+            best,
+            self.best
+                .peek()
+                .filter(|_| full)
+                .map(|b| f64::from_bits(*b)),
+        )
+    }
+
     /// The estimate of the candidate output last (rank-bounded extraction).
     pub(super) fn estimated(&mut self, estimate: Option<f64>) {
         if let Some(c) = self.candidates.last_mut() {
@@ -383,6 +396,30 @@ mod tests {
         let mut f = m.funcs.remove(0);
         f.name = name.to_string();
         f
+    }
+
+    /// An estimate improves the best `top` when it enters them: while fewer than `top` are
+    /// held, or when it is below the `top`-th (a tie with the `top`-th changes nothing).
+    #[test]
+    fn improvements_count_estimates_entering_the_best_top() {
+        let mut out = Outcomes {
+            top: 2,
+            ..Outcomes::default()
+        };
+        let mut seen = Vec::new();
+        for e in [5.0, 3.0, 7.0, 5.0, 4.0, 9.0, 3.0] {
+            out.estimated(Some(e));
+            seen.push(out.improvements);
+        }
+        // 5 and 3 fill the top; 7 and a tie at 5 do not enter; 4 does; 9 does not; 3 does.
+        assert_eq!(seen, [1, 2, 2, 2, 3, 3, 4]);
+        assert_eq!(out.best_and_kth(), (Some(3.0), Some(3.0)));
+        let mut one = Outcomes {
+            top: 3,
+            ..Outcomes::default()
+        };
+        one.estimated(Some(2.5));
+        assert_eq!(one.best_and_kth(), (Some(2.5), None));
     }
 
     /// Stand-in programs for the queue, by their choice's first entry.

@@ -306,14 +306,20 @@ impl<'scope, 'env> Search<'scope, 'env> {
         self.judge(at, &form, facts)
     }
 
-    /// The time and memory limits, and the progress report: looked at on the first program
-    /// taken and every 256th.
-    fn check_limits(&mut self) -> Option<ExtractStop> {
-        let elapsed = self.start.elapsed();
+    /// Records the programs expanded when the best `top` last changed (read where limits are
+    /// looked at, and at the end).
+    fn note_improvement(&mut self) {
         if self.out.improvements != self.n.improvements {
             self.n.improvements = self.out.improvements;
             self.n.last_improvement = self.n.expanded;
         }
+    }
+
+    /// The time and memory limits, and the progress report: looked at on the first program
+    /// taken and every 256th.
+    fn check_limits(&mut self) -> Option<ExtractStop> {
+        let elapsed = self.start.elapsed();
+        self.note_improvement();
         if elapsed > self.ex.time_limit {
             return Some(ExtractStop::TimeLimit(self.ex.time_limit.as_secs_f64()));
         }
@@ -346,6 +352,7 @@ impl<'scope, 'env> Search<'scope, 'env> {
         }
         let ex = self.ex;
         if let Some(report) = ex.progress.as_ref().filter(|_| elapsed >= self.next_report) {
+            let (best_us, kth_us) = self.out.best_and_kth();
             self.next_report = elapsed + Duration::from_millis(250);
             report(&ExtractProgress {
                 expanded: self.n.expanded,
@@ -353,11 +360,8 @@ impl<'scope, 'env> Search<'scope, 'env> {
                 distinct: self.out.distinct.len(),
                 worklist: self.worklist.len(),
                 seconds: elapsed.as_secs_f64(),
-                best_us: self.out.best.iter().min().map(|b| f64::from_bits(*b)),
-                kth_us: (self.ex.rank_bound.as_ref())
-                    .filter(|rb| self.out.best.len() >= rb.top.max(1))
-                    .and_then(|_| self.out.best.peek())
-                    .map(|b| f64::from_bits(*b)),
+                best_us,
+                kth_us,
                 last_improvement: self.n.last_improvement,
             });
         }
@@ -1081,9 +1085,7 @@ impl<'scope, 'env> Search<'scope, 'env> {
         if let Some(q) = self.queue.as_mut() {
             q.drain(&mut self.out);
         }
-        if self.out.improvements != self.n.improvements {
-            self.n.last_improvement = self.n.expanded;
-        }
+        self.note_improvement();
         let Outcomes {
             distinct,
             candidates,
