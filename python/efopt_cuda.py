@@ -69,6 +69,10 @@ class Placeholder:
         strides = tuple(reversed(strides))
         return strides if i is None else strides[i]
 
+    def reshape(self, shape):
+        # A result that is a reshape view: the same buffer (its id), read with another shape.
+        return Placeholder(self.id, shape, self.dtype_name)
+
 
 class Recorder:
     def __init__(self, target, cache):

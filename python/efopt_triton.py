@@ -86,6 +86,10 @@ class NumpyTensor:
         s = [x // self.array.itemsize for x in self.array.strides]
         return s if i is None else s[i]
 
+    def reshape(self, shape):
+        # A result that is a reshape view: the same contiguous buffer (numpy gives a view).
+        return NumpyTensor(self.array.reshape(tuple(int(d) for d in shape)), self.dtype_name)
+
     def numpy_f32(self):
         if self.dtype_name == "bfloat16":
             return (self.array.astype(np.uint32) << 16).view(np.float32)

@@ -39,7 +39,7 @@
 //! `EFOPT_WRONG_CANDIDATES` is removed from efopt's environment, so that the net's finding
 //! stays a warning and `check` still compares the remaining candidates.
 
-mod common;
+use crate::common;
 
 use common::gen::{self, Mode};
 use common::Rng;

@@ -8,7 +8,7 @@
 //! `EFOPT_EXTRACT_FUZZ_CASES=N` runs N cases instead of the default; `EFOPT_EXTRACT_FUZZ_SEED=S`
 //! sets the seed.
 
-mod common;
+use crate::common;
 
 use common::Rng;
 use std::path::{Path, PathBuf};

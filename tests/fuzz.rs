@@ -29,7 +29,7 @@
 //! The other tests are stress cases: a 10,000-statement program, a 1,000,000-term sum on one
 //! line, 100,000 nested parentheses, and empty, NUL and invalid UTF-8 input to the binary.
 
-mod common;
+use crate::common;
 
 use common::{gen, Rng};
 use efopt::diag::{Diagnostic, SourceMap};

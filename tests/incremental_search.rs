@@ -10,7 +10,7 @@ use efopt::egraph::TypedEGraph;
 use efopt::ir::print::print_egraph;
 use std::path::Path;
 
-mod common;
+use crate::common;
 
 fn saturated(path: &Path, incremental: bool) -> (String, usize) {
     let text = std::fs::read_to_string(path).expect("readable");

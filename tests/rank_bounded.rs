@@ -25,8 +25,27 @@ use std::time::Duration;
 const EXHAUSTIVE_LIMIT: Duration = Duration::from_secs(6);
 
 /// Programs besides the examples: a one-row shape, a literal 1, a transposed operand, a
-/// square weight, two reductions over one input.
+/// square weight, two reductions over one input, results that are reshapes (a view of the
+/// buffer a kernel writes, so no copy kernel and no second pass over the bytes: the bound
+/// must not count them) and a reshape of an input (copied).
 const EXTRA: &[(&str, &str)] = &[
+    (
+        "split_heads_result",
+        "func split_heads_result where T = 64, NH = 4, D = 16, H = NH*D {
+  x: tensor<TxH, f32> = input
+  w: tensor<HxH, f32> = input
+  return reshape[TxNHxD](matmul(x, w)), reshape[TxNHxD](x)
+}
+",
+    ),
+    (
+        "merged_heads_norm",
+        "func merged_heads_norm where NH = 4, T = 32, D = 16, H = NH*D {
+  s: tensor<NHxTxD, f32> = input
+  return reshape[TxH](transpose[1,0,2](s / reduce s axis=2 reducer=@add keep_dims))
+}
+",
+    ),
     (
         "one_row_softmax",
         "func one_row_softmax where N = 64 {

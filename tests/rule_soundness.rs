@@ -17,7 +17,7 @@ use egg::{AstSize, Extractor, Id, RecExpr};
 use std::collections::HashMap;
 use std::path::Path;
 
-mod common;
+use crate::common;
 
 const MAX_INSTANCES_PER_RULE: usize = 12;
 

@@ -540,3 +540,66 @@ fn a_compilation_past_the_time_limit_is_stopped() {
     assert!(e.contains("longer than 0.3 s"), "{e}");
     assert!(start.elapsed().as_secs_f64() < 10.0, "not stopped in time");
 }
+
+/// A result that is a reshape of a stored value is that buffer, reshaped by the host (no copy
+/// kernel): the launch plan the GPU side runs names the buffer the kernel writes as the
+/// result, twice where the value is also returned as it is.
+#[test]
+fn a_reshaped_result_is_the_buffer_its_kernel_writes() {
+    let python = root().join(".venv/bin/python");
+    assert!(python.exists(), "run scripts/setup-venv.sh first");
+    let dir = std::env::temp_dir().join(format!("efopt-tune-view-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = "func split_heads where T = 64, NH = 4, D = 16, H = NH*D {\n  x: tensor<TxH, f32> = input\n  w: tensor<HxH, f32> = input\n  y = matmul(x, w)\n  return reshape[TxNHxD](y), y\n}\n";
+    let src = dir.join("split_heads.ef");
+    std::fs::write(&src, text).unwrap();
+    let module = dir.join("split_heads.py");
+    let out = Command::new(env!("CARGO_BIN_EXE_efopt"))
+        .arg("--passes=saturate,extract{time-limit=5},rank{top=1},lower")
+        .arg(&src)
+        .arg("-o")
+        .arg(&module)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut m = ranked("split_heads", Some(text), 1);
+    let info = efopt::verify::verify_module(&mut m).unwrap();
+    let plan = efopt::lower::plan(&info, &m.funcs[0]).unwrap();
+    assert_eq!(plan.kernels.len(), 1, "one kernel, no copy of the result");
+    let helper = efopt::tune::launch::Helper {
+        python: python.display().to_string(),
+        script: root().join("python/efopt_cuda.py"),
+        cache: dir.join("cache"),
+        target: "sm_90".into(),
+        time_limit: efopt::tune::launch::COMPILE_TIME_LIMIT,
+    };
+    let inputs = vec![
+        (vec![64, 64], "float32".to_string()),
+        (vec![64, 64], "float32".to_string()),
+    ];
+    let lp = helper
+        .plan(
+            &module,
+            &m.funcs[0].name.replace('.', "_"),
+            &serde_json::json!({}),
+            &inputs,
+            &dir,
+        )
+        .unwrap();
+    assert_eq!(lp.launches.len(), 1);
+    let written: Vec<usize> = lp
+        .launches
+        .iter()
+        .flat_map(|l| &l.args)
+        .filter_map(|a| match a {
+            efopt::tune::launch::Arg::Buffer(b) if lp.buffers[*b].input.is_none() => Some(*b),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(written.len(), 1, "{:?}", lp.buffers);
+    assert_eq!(lp.outputs, vec![written[0], written[0]]);
+}

@@ -21,9 +21,11 @@
 //! Constant expressions (built from `fill`/`constant`/`iota` only) are computed inline where
 //! they are used. A tensor-level `reshape` of a stored value (an input, or a value some kernel
 //! stores, all of them contiguous and row-major) is a *view*: no kernel computes it, and its
-//! readers load the stored value's buffer with the reshape's shape (`reshape_view`); a
-//! reshape that is a result is copied by a kernel of its own, which loads its operand's
-//! buffer so. Launch order follows data dependencies.
+//! readers load the stored value's buffer with the reshape's shape (`reshape_view`). A
+//! reshape that is a result is a view too where a kernel writes the value it views: the host
+//! returns that buffer reshaped (the same bytes, no copy); of an input, it is copied by a
+//! kernel of its own (a result never aliases an input). Launch order follows data
+//! dependencies.
 
 pub mod lowerable;
 pub mod mask;
@@ -122,28 +124,55 @@ pub fn loads_and_constants(body: &Body) -> (Vec<Option<NodeId>>, Vec<bool>) {
 }
 
 /// The tensor-level reshapes that are views of a stored value, with the value whose buffer
-/// they read: a `reshape` that is not a result, of a tensor-level operand that is neither a
-/// constant expression (computed where it is read, it has no buffer) nor tuple plumbing. A
-/// stored tensor is contiguous and row-major, so its buffer read with the reshape's shape and
-/// row-major strides is the reshaped tensor.
+/// they read: a `reshape` of a tensor-level operand that is neither a constant expression
+/// (computed where it is read, it has no buffer) nor tuple plumbing, and, if it is a result,
+/// whose viewed value is no input (a result never aliases an input's buffer). A stored
+/// tensor is contiguous and row-major, so its buffer read with the reshape's shape and
+/// row-major strides is the reshaped tensor: a result that is a view is that buffer,
+/// reshaped by the host.
 pub fn reshape_views(body: &Body, constant: &[bool], plumbing: &[bool]) -> Vec<Option<NodeId>> {
     let mut view: Vec<Option<NodeId>> = vec![None; body.nodes.len()];
     for (i, node) in body.nodes.iter().enumerate() {
         let ExprKind::Reshape(_, x) = node.kind else {
             continue;
         };
-        let id = NodeId(i as u32);
+        let base = view[x.index()].unwrap_or(x);
         let viewable = x.index() < i
             && !tiled(node.ty.as_ref())
             && !tiled(body.ty(x))
             && !constant[x.index()]
             && !plumbing[x.index()]
-            && !body.results.contains(&id);
+            && (!body.results.contains(&NodeId(i as u32)) || written_whole(&body.node(base).kind));
         if viewable {
-            view[i] = Some(view[x.index()].unwrap_or(x));
+            view[i] = Some(base);
         }
     }
     view
+}
+
+/// Whether a tensor-level value of this kind, where some kernel stores it, has a buffer of
+/// its own that a result may be a view of: not an input (a result never aliases one), not a
+/// `slice`/`concat` (a view itself, no buffer) and not a tuple's field.
+fn written_whole(kind: &ExprKind) -> bool {
+    !is_leaf(kind)
+        && !views::is_view_op(kind)
+        && !matches!(kind, ExprKind::Get(..) | ExprKind::Tuple(_))
+}
+
+/// Tuple plumbing at tensor level as far as it is known before the kernels are: a `tuple`
+/// outside any tiled region, and a `get` of one.
+pub fn early_plumbing(body: &Body) -> Vec<bool> {
+    let nodes = &body.nodes;
+    let mut p = vec![false; nodes.len()];
+    for i in 0..nodes.len() {
+        p[i] = !in_region_of(nodes, i)
+            && match nodes[i].kind {
+                ExprKind::Tuple(_) => true,
+                ExprKind::Get(_, t) => p[t.index()],
+                _ => false,
+            };
+    }
+    p
 }
 
 /// The collection under `replicate[a](collection[a](x))` (every tile reading the whole stack,
@@ -251,20 +280,7 @@ pub fn kernel_graph(f: &Function) -> KernelGraph {
     let result: Vec<bool> = (0..n)
         .map(|i| body.results.contains(&NodeId(i as u32)))
         .collect();
-    // Plumbing as far as it is known before the kernels are (a `tuple`, a `get` of one).
-    let early_plumbing: Vec<bool> = {
-        let mut p = vec![false; n];
-        for i in 0..n {
-            p[i] = !in_region_of(nodes, i)
-                && match nodes[i].kind {
-                    ExprKind::Tuple(_) => true,
-                    ExprKind::Get(_, t) => p[t.index()],
-                    _ => false,
-                };
-        }
-        p
-    };
-    let reshape_view = reshape_views(body, &constant, &early_plumbing);
+    let reshape_view = reshape_views(body, &constant, &early_plumbing(body));
     let skip = |i: usize| {
         (!(constant[i] && result[i])
             && (is_leaf(&nodes[i].kind)

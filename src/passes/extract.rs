@@ -852,8 +852,10 @@ impl Pass for ExtractPass {
             // a better one (two chained GEMMs at M = 4096: 357.22 us proven, 90.11 us with
             // every grid; a bf16 SwiGLU over BxTxH: 2,082.89 us proven with `true`, whose
             // hidden activation some fused program reads, 192.90 us). It gets twice the
-            // time the proof took (at least a second, at most what is left), and its
-            // candidates replace the proven ones where its best ranks better.
+            // time the proof took (at least two seconds, at most what is left: the GELU
+            // MLP's best takes 7,500 states, half a second here and more on a loaded
+            // machine), and its candidates replace the proven ones where its best ranks
+            // better.
             let best = |r: &crate::egraph::extract::ExtractReport| {
                 r.candidates
                     .iter()
@@ -870,7 +872,7 @@ impl Pass for ExtractPass {
                 let spent = started.elapsed();
                 let share = limit
                     .saturating_sub(spent)
-                    .min((spent * 2).max(Duration::from_secs(1)));
+                    .min((spent * 2).max(Duration::from_secs(2)));
                 if share >= Duration::from_millis(100) {
                     if let Ok(other) = ExtractGraph::with_every_stored_grid(g) {
                         // Half in the search's own order, then, unless that proved its top K,

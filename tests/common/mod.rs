@@ -1,6 +1,7 @@
 //! Helpers shared by integration tests.
 
-// Each test crate that includes this module uses only the helpers it needs.
+// Run with a filter (`cargo test --test integration fuzz::`), the test binary still builds
+// every helper; some of them only one module uses.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};

@@ -155,14 +155,27 @@ pub fn emit_function(
     for l in launches {
         host.push_str(&l);
     }
+    // A result that is a reshape view (`lower::reshape_views`) is the buffer it views,
+    // reshaped: the same bytes in row-major order, no copy.
     let results: Vec<String> = body
         .results
         .iter()
         .map(|r| {
-            buffer
-                .get(&(*r, 0))
-                .cloned()
-                .unwrap_or_else(|| "None".to_string())
+            let base = plan.graph.storage(*r);
+            let Some(name) = buffer.get(&(base, 0)) else {
+                return "None".to_string();
+            };
+            match body.ty(*r) {
+                Some(Type::Tensor(t)) if base != *r => {
+                    let shape: String = t
+                        .shape
+                        .iter()
+                        .map(|d| format!("{}, ", base_text(&d.base)))
+                        .collect();
+                    format!("{name}.reshape(({}))", shape.trim_end())
+                }
+                _ => name.clone(),
+            }
         })
         .collect();
     let _ = writeln!(host, "    return ({},)\n\n", results.join(", "));

@@ -279,7 +279,11 @@ impl BoundModel {
                 continue;
             }
             let (node, kids) = &x.nodes[c as usize][p as usize];
-            if !(is_compute(&node.op) || is_view(&node.op)) {
+            // A result that is a reshape view is its operand's buffer: those bytes are the
+            // result's, in the floor already.
+            if !(is_compute(&node.op) || is_view(&node.op))
+                || (x.roots.contains(&c) && reshape_view(x, c, node, kids))
+            {
                 continue;
             }
             for &k in kids {

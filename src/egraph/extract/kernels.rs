@@ -15,15 +15,18 @@ pub(super) fn light(op: &Op) -> bool {
 
 /// Whether e-node `node` (with operand classes `kids`) of class `c` is a reshape *view*, as
 /// `lower::reshape_views` makes it: a tensor-level `reshape` of a tensor-level value that is
-/// no constant expression, not a result. No kernel computes it; its readers read the value it
-/// views.
+/// no constant expression and, for a result, no input. No kernel computes it; its readers
+/// (and the host, for a result) read the value it views. A result reshape of a view chain
+/// down to an input (or of a slice) is copied by a kernel the bound does not count here:
+/// fewer kernels than the program has keeps the bound admissible.
 pub(super) fn reshape_view(x: &ExtractGraph, c: u32, node: &ENode, kids: &[u32]) -> bool {
     matches!(node.op, Op::Reshape(_))
         && !class_tiled(x, c)
-        && kids
-            .first()
-            .is_some_and(|&k| !class_tiled(x, k) && !x.constant[k as usize])
-        && !x.roots.contains(&c)
+        && kids.first().is_some_and(|&k| {
+            !class_tiled(x, k)
+                && !x.constant[k as usize]
+                && (!x.roots.contains(&c) || !x.input[k as usize])
+        })
 }
 
 /// Whether a partial program has a *pointwise kernel*: a kernel that only loads, applies
@@ -127,7 +130,11 @@ pub(super) fn kernel_lower_bound(
         {
             default_tiled.insert(memo[c]);
         }
-        if (is_compute(&node.op) || is_view(&node.op)) && kids.iter().any(|k| computed(*k)) {
+        // (A result that is a reshape view is read by the host, not by a kernel.)
+        if (is_compute(&node.op) || is_view(&node.op))
+            && kids.iter().any(|k| computed(*k))
+            && !(x.roots.contains(&(c as u32)) && reshape_view(x, c as u32, node, kids))
+        {
             stored_read = true;
         }
     }

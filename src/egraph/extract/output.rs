@@ -131,9 +131,18 @@ pub fn reconstruct(x: &ExtractGraph, choice: &Choice, name: &str) -> Function {
 /// instead, the same value, so the reshape or concat is a view its tiles load and the copy
 /// kernel has a grid along the result's first two dimensions (not a concat's own). The e-graph cannot hold this form: the tiles'
 /// class would be the result's own, a cycle no program can pick.
+///
+/// A reshape of a value some kernel writes is no copy at all: the lowering makes it a view
+/// (`lower::reshape_views`), the host returning that buffer reshaped. Only a reshape of an
+/// input (a result never aliases one) or of a slice or concat is tiled so.
 fn tile_view_results(body: &mut Body) {
+    let (_, constant) = crate::lower::loads_and_constants(body);
+    let views = crate::lower::reshape_views(body, &constant, &crate::lower::early_plumbing(body));
     for k in 0..body.results.len() {
         let r = body.results[k];
+        if views[r.index()].is_some() {
+            continue;
+        }
         let Some(Type::Tensor(t)) = body.node(r).ty.clone() else {
             continue;
         };
