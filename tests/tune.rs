@@ -332,6 +332,36 @@ fn per_kernel_schedules_parse_verify_and_lower() {
     assert_eq!(out.status.code(), Some(1));
 }
 
+/// `src` searched (top `top`, as `ranked` does) and lowered to the Python module `module`.
+fn lowered(src: &Path, top: usize, module: &Path) -> PathBuf {
+    let out = Command::new(env!("CARGO_BIN_EXE_efopt"))
+        .arg(format!(
+            "--passes=saturate,extract{{time-limit=10}},rank{{top={top}}},lower"
+        ))
+        .arg(src)
+        .arg("-o")
+        .arg(module)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    module.to_path_buf()
+}
+
+/// The sm_90 compile helper (`python/efopt_cuda.py`) with its cache under `dir`.
+fn compile_helper(python: &Path, dir: &Path) -> efopt::tune::launch::Helper {
+    efopt::tune::launch::Helper {
+        python: python.display().to_string(),
+        script: root().join("python/efopt_cuda.py"),
+        cache: dir.join("cache"),
+        target: "sm_90".into(),
+        time_limit: efopt::tune::launch::COMPILE_TIME_LIMIT,
+    }
+}
+
 /// The compile helper compiles a generated kernel for sm_90 (no GPU), and the parameters
 /// efopt would pass — each argument's type, then Triton's scratch pointers — are exactly the
 /// compiled entry's.
@@ -346,20 +376,10 @@ fn compiled_kernels_take_the_parameters_efopt_passes() {
         ("layernorm_gemm", 2),
         ("attention_m1", 2),
     ] {
-        let module = dir.join(format!("{example}.py"));
-        let out = Command::new(env!("CARGO_BIN_EXE_efopt"))
-            .arg(format!(
-                "--passes=saturate,extract{{time-limit=10}},rank{{top={top}}},lower"
-            ))
-            .arg(root().join(format!("examples/{example}.ef")))
-            .arg("-o")
-            .arg(&module)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        let module = lowered(
+            &root().join(format!("examples/{example}.ef")),
+            top,
+            &dir.join(format!("{example}.py")),
         );
         let mut m = ranked(example, None, top);
         let info = efopt::verify::verify_module(&mut m).unwrap();
@@ -385,13 +405,7 @@ fn compiled_kernels_take_the_parameters_efopt_passes() {
         for (a, b) in &s.block {
             sched.insert(format!("BLOCK_{a}"), (*b).into());
         }
-        let helper = efopt::tune::launch::Helper {
-            python: python.display().to_string(),
-            script: root().join("python/efopt_cuda.py"),
-            cache: dir.join("cache"),
-            target: "sm_90".into(),
-            time_limit: efopt::tune::launch::COMPILE_TIME_LIMIT,
-        };
+        let helper = compile_helper(&python, &dir);
         let host = f.name.replace('.', "_");
         let lp = helper
             .plan(
@@ -553,30 +567,12 @@ fn a_reshaped_result_is_the_buffer_its_kernel_writes() {
     let text = "func split_heads where T = 64, NH = 4, D = 16, H = NH*D {\n  x: tensor<TxH, f32> = input\n  w: tensor<HxH, f32> = input\n  y = matmul(x, w)\n  return reshape[TxNHxD](y), y\n}\n";
     let src = dir.join("split_heads.ef");
     std::fs::write(&src, text).unwrap();
-    let module = dir.join("split_heads.py");
-    let out = Command::new(env!("CARGO_BIN_EXE_efopt"))
-        .arg("--passes=saturate,extract{time-limit=5},rank{top=1},lower")
-        .arg(&src)
-        .arg("-o")
-        .arg(&module)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let module = lowered(&src, 1, &dir.join("split_heads.py"));
     let mut m = ranked("split_heads", Some(text), 1);
     let info = efopt::verify::verify_module(&mut m).unwrap();
     let plan = efopt::lower::plan(&info, &m.funcs[0]).unwrap();
     assert_eq!(plan.kernels.len(), 1, "one kernel, no copy of the result");
-    let helper = efopt::tune::launch::Helper {
-        python: python.display().to_string(),
-        script: root().join("python/efopt_cuda.py"),
-        cache: dir.join("cache"),
-        target: "sm_90".into(),
-        time_limit: efopt::tune::launch::COMPILE_TIME_LIMIT,
-    };
+    let helper = compile_helper(&python, &dir);
     let inputs = vec![
         (vec![64, 64], "float32".to_string()),
         (vec![64, 64], "float32".to_string()),
