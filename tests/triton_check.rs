@@ -238,6 +238,7 @@ fn masked_corpus_candidates_at_odd_sizes_run_and_compile() {
         ("softcap_decode_bf16", &["S=100"][..]),
         ("sigmoid_causal_attention", &["T=40"][..]),
         ("window_decode_gqa_f16", &["S=100"][..]),
+        ("causal_window_merged_heads", &["T=37"][..]),
     ] {
         let summary = check_file(
             &format!("tests/corpus/{name}.ef"),

@@ -146,12 +146,29 @@ fn tile_view_results(body: &mut Body) {
         let Some(Type::Tensor(t)) = body.node(r).ty.clone() else {
             continue;
         };
-        // The operands, and the dimension a tile must hold whole (a concat's).
-        let (operands, joined) = match &body.node(r).kind {
-            ExprKind::Reshape(_, y) => (vec![*y], None),
-            ExprKind::Concat(crate::ir::DimRef::Index(d), ys) => (ys.clone(), Some(*d)),
-            _ => continue,
-        };
+        // The operands, and whether a tile may split result dimension `d`: not a concat's
+        // joined dimension; for a broadcast, only a dimension its operand has whole (one it
+        // adds or stretches from 1 cannot be split through it, so the tile holds it whole).
+        let (operands, splittable): (Vec<NodeId>, Box<dyn Fn(usize) -> bool>) =
+            match &body.node(r).kind {
+                ExprKind::Reshape(_, y) => (vec![*y], Box::new(|_| true)),
+                ExprKind::Concat(crate::ir::DimRef::Index(j), ys) => {
+                    let j = *j;
+                    (ys.clone(), Box::new(move |d| d != j))
+                }
+                ExprKind::Broadcast(_, y) => {
+                    let Some(Type::Tensor(yt)) = body.ty(*y) else {
+                        continue;
+                    };
+                    let (yshape, off) = (yt.shape.clone(), t.rank() - yt.rank().min(t.rank()));
+                    let full = t.shape.clone();
+                    (
+                        vec![*y],
+                        Box::new(move |d| d >= off && yshape[d - off] == full[d]),
+                    )
+                }
+                _ => continue,
+            };
         if !t.par.is_empty() || operands.iter().any(|y| crate::lower::tiled(body.ty(*y))) {
             continue;
         }
@@ -159,7 +176,7 @@ fn tile_view_results(body: &mut Body) {
         // nothing): one grid axis left a 1024×64 head of a merged-heads result per program,
         // more than any schedule holds.
         let dims: Vec<(usize, String)> = (0..t.rank())
-            .filter(|d| !t.shape[*d].is_one() && Some(*d) != joined)
+            .filter(|d| !t.shape[*d].is_one() && splittable(*d))
             .filter_map(|d| crate::egraph::rules::axis_at(&t.shape, d).map(|a| (d, a)))
             .take(2)
             .collect();
@@ -190,6 +207,17 @@ fn tile_view_results(body: &mut Body) {
         if grid.is_empty() {
             continue;
         }
+        // partition[d1,b](partition[d0,a](r)), then the combinations in reverse. A broadcast
+        // is applied to tiles of its operand instead (`broadcast[…](partition[…](y))`, its
+        // dimensions shifted by the rank it adds): a tensor-level broadcast of a stored value
+        // is no view tiles can load through.
+        let (tiled_value, off) = match body.node(r).kind.clone() {
+            ExprKind::Broadcast(shape, y) => match body.ty(y) {
+                Some(Type::Tensor(yt)) => (Some((shape, y, yt.clone())), t.rank() - yt.rank()),
+                _ => continue,
+            },
+            _ => (None, 0),
+        };
         let mut push = |kind, t| {
             body.push(Node {
                 kind,
@@ -199,28 +227,85 @@ fn tile_view_results(body: &mut Body) {
                 ty: Some(Type::Tensor(t)),
             })
         };
-        // partition[d1,b](partition[d0,a](r)), then the combinations in reverse.
-        let mut tile = t.clone();
-        let mut tiles = vec![(r, t.clone())];
+        let (start, start_ty) = match &tiled_value {
+            Some((_, y, yt)) => (*y, yt.clone()),
+            None => (r, t.clone()),
+        };
+        let mut tile = start_ty.clone();
+        let mut tiles = vec![(start, start_ty)];
         for (d, axis) in &grid {
-            tile.par.0.insert(*axis, crate::ir::ParKind::Partition(*d));
-            let prev = tiles.last().map(|p| p.0).unwrap_or(r);
+            let d = d - off;
+            tile.par.0.insert(*axis, crate::ir::ParKind::Partition(d));
+            let prev = tiles.last().map(|p| p.0).unwrap_or(start);
             let part = push(
-                ExprKind::Partition(crate::ir::DimRef::Index(*d), *axis, prev),
+                ExprKind::Partition(crate::ir::DimRef::Index(d), *axis, prev),
                 tile.clone(),
             );
             tiles.push((part, tile.clone()));
         }
-        let mut whole = tiles.last().map(|p| p.0).unwrap_or(r);
+        let mut whole = tiles.last().map(|p| p.0).unwrap_or(start);
+        // The result's type at each level of the combinations: its grid axes up to it.
+        let mut levels = vec![t.clone()];
+        for (d, axis) in &grid {
+            let mut next = levels.last().cloned().unwrap_or_else(|| t.clone());
+            next.par.0.insert(*axis, crate::ir::ParKind::Partition(*d));
+            levels.push(next);
+        }
+        if let Some((shape, _, _)) = tiled_value {
+            let ty = levels.last().cloned().unwrap_or_else(|| t.clone());
+            whole = push(ExprKind::Broadcast(shape, whole), ty);
+        }
         for (i, (d, axis)) in grid.iter().enumerate().rev() {
-            let ty = tiles[i].1.clone();
             whole = push(
                 ExprKind::Combination(crate::ir::DimRef::Index(*d), *axis, whole),
-                ty,
+                levels[i].clone(),
             );
         }
         body.results[k] = whole;
     }
+    drop_dead_nodes(body);
+}
+
+/// Removes the nodes no result reads (a broadcast result replaced by its tiled form leaves the
+/// tensor-level broadcast unread; lowered, it would still be a kernel), keeping the order and
+/// the parameters.
+fn drop_dead_nodes(body: &mut Body) {
+    let n = body.nodes.len();
+    let mut live = vec![false; n];
+    for p in &body.params {
+        live[p.index()] = true;
+    }
+    let mut stack: Vec<NodeId> = body.results.clone();
+    while let Some(id) = stack.pop() {
+        if !std::mem::replace(&mut live[id.index()], true) {
+            stack.extend(body.node(id).kind.operands());
+        }
+    }
+    if live.iter().all(|l| *l) {
+        return;
+    }
+    let mut new_id: Vec<Option<NodeId>> = vec![None; n];
+    let mut nodes = Vec::with_capacity(n);
+    for (i, node) in std::mem::take(&mut body.nodes).into_iter().enumerate() {
+        if !live[i] {
+            continue;
+        }
+        let ops: Vec<NodeId> = node
+            .kind
+            .operands()
+            .iter()
+            .map(|o| new_id[o.index()].unwrap_or(*o))
+            .collect();
+        new_id[i] = Some(NodeId(nodes.len() as u32));
+        nodes.push(Node {
+            kind: node.kind.with_operands(&ops),
+            ..node
+        });
+    }
+    body.nodes = nodes;
+    let remap = |id: &NodeId| new_id[id.index()].unwrap_or(*id);
+    body.params = body.params.iter().map(remap).collect();
+    body.results = body.results.iter().map(remap).collect();
 }
 
 /// For each class, the class that stands for it in the program: the lowest-numbered class
