@@ -134,7 +134,9 @@ pub fn reconstruct(x: &ExtractGraph, choice: &Choice, name: &str) -> Function {
 ///
 /// A reshape of a value some kernel writes is no copy at all: the lowering makes it a view
 /// (`lower::reshape_views`), the host returning that buffer reshaped. Only a reshape of an
-/// input (a result never aliases one) or of a slice or concat is tiled so.
+/// input (a result never aliases one) or of a slice or concat is tiled so. A broadcast result
+/// is tiled too, as the broadcast of its operand's tiles: `combination[1,h](broadcast[BxH](
+/// partition[0,h](y)))`, with a grid along the dimensions the operand has whole.
 fn tile_view_results(body: &mut Body) {
     let (_, constant) = crate::lower::loads_and_constants(body);
     let views = crate::lower::reshape_views(body, &constant, &crate::lower::early_plumbing(body));
@@ -160,7 +162,7 @@ fn tile_view_results(body: &mut Body) {
                     let Some(Type::Tensor(yt)) = body.ty(*y) else {
                         continue;
                     };
-                    let (yshape, off) = (yt.shape.clone(), t.rank() - yt.rank().min(t.rank()));
+                    let (yshape, off) = (yt.shape.clone(), t.rank().saturating_sub(yt.rank()));
                     let full = t.shape.clone();
                     (
                         vec![*y],
@@ -213,7 +215,10 @@ fn tile_view_results(body: &mut Body) {
         // is no view tiles can load through.
         let (tiled_value, off) = match body.node(r).kind.clone() {
             ExprKind::Broadcast(shape, y) => match body.ty(y) {
-                Some(Type::Tensor(yt)) => (Some((shape, y, yt.clone())), t.rank() - yt.rank()),
+                Some(Type::Tensor(yt)) => (
+                    Some((shape, y, yt.clone())),
+                    t.rank().saturating_sub(yt.rank()),
+                ),
                 _ => continue,
             },
             _ => (None, 0),
