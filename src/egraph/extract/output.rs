@@ -151,26 +151,25 @@ fn tile_view_results(body: &mut Body) {
         // The operands, and whether a tile may split result dimension `d`: not a concat's
         // joined dimension; for a broadcast, only a dimension its operand has whole (one it
         // adds or stretches from 1 cannot be split through it, so the tile holds it whole).
-        let (operands, splittable): (Vec<NodeId>, Box<dyn Fn(usize) -> bool>) =
-            match &body.node(r).kind {
-                ExprKind::Reshape(_, y) => (vec![*y], Box::new(|_| true)),
-                ExprKind::Concat(crate::ir::DimRef::Index(j), ys) => {
-                    let j = *j;
-                    (ys.clone(), Box::new(move |d| d != j))
-                }
-                ExprKind::Broadcast(_, y) => {
-                    let Some(Type::Tensor(yt)) = body.ty(*y) else {
-                        continue;
-                    };
-                    let (yshape, off) = (yt.shape.clone(), t.rank().saturating_sub(yt.rank()));
-                    let full = t.shape.clone();
-                    (
-                        vec![*y],
-                        Box::new(move |d| d >= off && yshape[d - off] == full[d]),
-                    )
-                }
-                _ => continue,
-            };
+        // (A broadcast: its shape, operand and operand type, and the rank it adds.)
+        let (operands, joined, bcast) = match &body.node(r).kind {
+            ExprKind::Reshape(_, y) => (vec![*y], None, None),
+            ExprKind::Concat(crate::ir::DimRef::Index(j), ys) => (ys.clone(), Some(*j), None),
+            ExprKind::Broadcast(shape, y) => {
+                let Some(Type::Tensor(yt)) = body.ty(*y) else {
+                    continue;
+                };
+                let off = t.rank().saturating_sub(yt.rank());
+                (vec![*y], None, Some((shape.clone(), *y, yt.clone(), off)))
+            }
+            _ => continue,
+        };
+        let splittable = |d: usize| {
+            Some(d) != joined
+                && bcast
+                    .as_ref()
+                    .is_none_or(|(_, _, yt, off)| d >= *off && yt.shape[d - off] == t.shape[d])
+        };
         if !t.par.is_empty() || operands.iter().any(|y| crate::lower::tiled(body.ty(*y))) {
             continue;
         }
@@ -213,16 +212,7 @@ fn tile_view_results(body: &mut Body) {
         // is applied to tiles of its operand instead (`broadcast[…](partition[…](y))`, its
         // dimensions shifted by the rank it adds): a tensor-level broadcast of a stored value
         // is no view tiles can load through.
-        let (tiled_value, off) = match body.node(r).kind.clone() {
-            ExprKind::Broadcast(shape, y) => match body.ty(y) {
-                Some(Type::Tensor(yt)) => (
-                    Some((shape, y, yt.clone())),
-                    t.rank().saturating_sub(yt.rank()),
-                ),
-                _ => continue,
-            },
-            _ => (None, 0),
-        };
+        let off = bcast.as_ref().map_or(0, |b| b.3);
         let mut push = |kind, t| {
             body.push(Node {
                 kind,
@@ -232,8 +222,8 @@ fn tile_view_results(body: &mut Body) {
                 ty: Some(Type::Tensor(t)),
             })
         };
-        let (start, start_ty) = match &tiled_value {
-            Some((_, y, yt)) => (*y, yt.clone()),
+        let (start, start_ty) = match &bcast {
+            Some((_, y, yt, _)) => (*y, yt.clone()),
             None => (r, t.clone()),
         };
         let mut tile = start_ty.clone();
@@ -256,7 +246,7 @@ fn tile_view_results(body: &mut Body) {
             next.par.0.insert(*axis, crate::ir::ParKind::Partition(*d));
             levels.push(next);
         }
-        if let Some((shape, _, _)) = tiled_value {
+        if let Some((shape, _, _, _)) = bcast {
             let ty = levels.last().cloned().unwrap_or_else(|| t.clone());
             whole = push(ExprKind::Broadcast(shape, whole), ty);
         }
