@@ -125,7 +125,8 @@ pub fn loads_and_constants(body: &Body) -> (Vec<Option<NodeId>>, Vec<bool>) {
 
 /// The tensor-level reshapes that are views of a stored value, with the value whose buffer
 /// they read: a `reshape` of a tensor-level operand that is neither a constant expression
-/// (computed where it is read, it has no buffer) nor tuple plumbing, and, if it is a result,
+/// (computed where it is read, it has no buffer) nor tuple plumbing (a `slice` or `concat` it
+/// reads is stored by a kernel of its own, `views::virtual_views`), and, if it is a result,
 /// whose viewed value is no input (a result never aliases an input's buffer). A stored
 /// tensor is contiguous and row-major, so its buffer read with the reshape's shape and
 /// row-major strides is the reshaped tensor: a result that is a view is that buffer,
@@ -151,12 +152,10 @@ pub fn reshape_views(body: &Body, constant: &[bool], plumbing: &[bool]) -> Vec<O
 }
 
 /// Whether a tensor-level value of this kind, where some kernel stores it, has a buffer of
-/// its own that a result may be a view of: not an input (a result never aliases one), not a
-/// `slice`/`concat` (a view itself, no buffer) and not a tuple's field.
+/// its own that a result may be a view of: not an input (a result never aliases one) and not
+/// a tuple's field. (A `slice` or `concat` a reshape reads is stored: `views::virtual_views`.)
 fn written_whole(kind: &ExprKind) -> bool {
-    !is_leaf(kind)
-        && !views::is_view_op(kind)
-        && !matches!(kind, ExprKind::Get(..) | ExprKind::Tuple(_))
+    !is_leaf(kind) && !matches!(kind, ExprKind::Get(..) | ExprKind::Tuple(_))
 }
 
 /// Tuple plumbing at tensor level as far as it is known before the kernels are: a `tuple`

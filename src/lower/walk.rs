@@ -287,7 +287,7 @@ impl<'a> Walk<'a> {
                 return refuse(id, "a view of a tuple");
             };
             self.blocks_of(t);
-            return self.load(id, t.shape.len(), id);
+            return self.load_through(id, t.shape.len(), id);
         }
         let tensor_level_read = !self.in_kernel.contains(&id)
             && !tiled(node.ty.as_ref())
@@ -614,20 +614,27 @@ impl<'a> Walk<'a> {
         Ok(())
     }
 
+    /// A slice or concat of tensor-level values, read through: each operand at the same rank
+    /// (`views`).
+    fn load_through(&mut self, view: NodeId, rank: usize, at: NodeId) -> WResult {
+        let body = &self.f.body;
+        let kind = &body.node(view).kind;
+        if super::views::view_dim(body, kind).is_none() {
+            return refuse(at, "a view of an unknown dimension");
+        }
+        for o in kind.operands() {
+            self.load(o, rank, at)?;
+        }
+        Ok(())
+    }
+
     /// A tile of rank `rank` of the tensor-level value `base` (a constant expression is
     /// computed on the tile instead).
     fn load(&mut self, base: NodeId, rank: usize, at: NodeId) -> WResult {
         let body = &self.f.body;
         let bnode = body.node(base);
-        // A slice or concat of tensor-level values: each operand at the same rank (`views`).
-        if super::views::is_view_op(&bnode.kind) && !tiled(bnode.ty.as_ref()) {
-            if super::views::view_dim(body, &bnode.kind).is_none() {
-                return refuse(at, "a view of an unknown dimension");
-            }
-            for o in bnode.kind.operands() {
-                self.load(o, rank, at)?;
-            }
-            return Ok(());
+        if super::views::loads_through(body, &self.g.virtual_view, &self.g.constant, base) {
+            return self.load_through(base, rank, at);
         }
         if self.g.constant[base.index()] {
             return refuse(at, "a load of a constant expression");

@@ -430,6 +430,12 @@ pub fn check_candidates(
         .par_iter()
         .enumerate()
         .map(|(i, f)| {
+            // A candidate that does not type is no program (the verifier after `extract`
+            // would stop the pipeline on it): wrong, named as such.
+            let env = crate::verify::typing::TypeEnv::for_bindings(&module.reducers, &f.bindings);
+            if let Err((_, e)) = crate::verify::typing::type_body(&f.body, &[], &env) {
+                return Some((i, format!("does not verify: {}", e.message)));
+            }
             let sizes = at_sizes(f, &report.sizes);
             let interp = Interpreter::new(module, sizes);
             for (k, (inputs, want, sensitivity)) in runs.iter().enumerate() {

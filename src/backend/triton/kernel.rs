@@ -530,7 +530,7 @@ impl KernelEmitter<'_, '_> {
                 return Err(err("a view of a tuple"));
             };
             let dims = self.dims_of(t);
-            return self.load(id, dims, id);
+            return self.load_view(id, dims, id);
         }
         // Tensor-level values other kernels compute (or inputs) are read from memory;
         // constant expressions and tuple plumbing are computed here.
@@ -797,7 +797,8 @@ impl KernelEmitter<'_, '_> {
     ) -> Result<Val, (NodeId, String)> {
         let body = &self.ctx.f.body;
         let bnode = &body.nodes[base.index()];
-        if crate::lower::views::is_view_op(&bnode.kind) && !tiled(bnode.ty.as_ref()) {
+        let g = &self.ctx.g;
+        if crate::lower::views::loads_through(body, &g.virtual_view, &g.constant, base) {
             return self.load_view(base, dims, at);
         }
         if self.ctx.g.constant[base.index()] {

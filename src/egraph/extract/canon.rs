@@ -286,12 +286,26 @@ impl Interner {
 
     pub(super) fn node(&mut self, op: Op, mut ks: Vec<u32>, info: KeyInfo) -> u32 {
         if is_pointwise(&op) {
-            // A literal broadcasts to any tile: its replicas are the literal.
-            for k in &mut ks {
-                if let Some(Key::Views(b, chain)) = self.key(*k) {
-                    if self.info(*b).literal && chain.iter().all(|v| matches!(v, Op::Replicate(_)))
-                    {
-                        *k = *b;
+            // A literal broadcasts to any tile: its replicas are the literal. Not where every
+            // operand is one (`1e-6 + replicate[n](norm)`, a computed scalar replicated so a
+            // kernel computes it): nothing else carries the replica's axis, and without it
+            // the tile computation would be the tensor-level one, or its replica along
+            // another axis.
+            let literal_replica = |this: &Self, k: u32| match this.key(k) {
+                Some(Key::Views(b, chain)) => {
+                    this.info(*b).literal && chain.iter().all(|v| matches!(v, Op::Replicate(_)))
+                }
+                _ => false,
+            };
+            let carried = ks
+                .iter()
+                .any(|k| !self.info(*k).literal && !literal_replica(self, *k));
+            if carried {
+                for k in &mut ks {
+                    if literal_replica(self, *k) {
+                        if let Some(Key::Views(b, _)) = self.key(*k) {
+                            *k = *b;
+                        }
                     }
                 }
             }

@@ -17,8 +17,9 @@ pub(super) fn light(op: &Op) -> bool {
 /// `lower::reshape_views` makes it: a tensor-level `reshape` of a tensor-level value that is
 /// no constant expression and, for a result, no input. No kernel computes it; its readers
 /// (and the host, for a result) read the value it views. A result reshape of a view chain
-/// down to an input (or of a slice) is copied by a kernel the bound does not count here:
-/// fewer kernels than the program has keeps the bound admissible.
+/// down to an input is copied by a kernel, and a slice or concat a reshape reads is stored
+/// by one (`lower::views::virtual_views`), which the bound does not count here: fewer
+/// kernels than the program has keeps the bound admissible.
 pub(super) fn reshape_view(x: &ExtractGraph, c: u32, node: &ENode, kids: &[u32]) -> bool {
     matches!(node.op, Op::Reshape(_))
         && !class_tiled(x, c)

@@ -129,15 +129,47 @@ pub fn reconstruct(x: &ExtractGraph, choice: &Choice, name: &str) -> Function {
 /// which no schedule holds for any real size; it is returned as
 /// `combination[0,a](combination[1,b](partition[1,b](partition[0,a](reshape[…](y)))))`
 /// instead, the same value, so the reshape or concat is a view its tiles load and the copy
-/// kernel has a grid along the result's first two dimensions (not a concat's own). The e-graph cannot hold this form: the tiles'
-/// class would be the result's own, a cycle no program can pick.
+/// kernel has a grid along the result's first two dimensions (not a concat's own). The
+/// e-graph cannot hold this form: the tiles' class would be the result's own, a cycle no
+/// program can pick.
 ///
 /// A reshape of a value some kernel writes is no copy at all: the lowering makes it a view
 /// (`lower::reshape_views`), the host returning that buffer reshaped. Only a reshape of an
-/// input (a result never aliases one) or of a slice or concat is tiled so. A broadcast result
-/// is tiled too, as the broadcast of its operand's tiles: `combination[1,h](broadcast[BxH](
-/// partition[0,h](y)))`, with a grid along the dimensions the operand has whole.
+/// input (a result never aliases one) is tiled so. A broadcast result is tiled too, as the
+/// broadcast of its operand's tiles: `combination[1,h](broadcast[BxH](partition[0,h](y)))`,
+/// with a grid along the dimensions the operand has whole.
+///
+/// A tensor-level slice or concat that a tensor-level reshape reads (`reshape[TxHD](concat[2](
+/// a, b))`, the merged heads of a rotation) is stored by a copy kernel of its own
+/// (`lower::views::virtual_views`): its elements are no row-major run of its operands'
+/// buffers. That copy is tiled the same way, and the reshape views its buffer.
 fn tile_view_results(body: &mut Body) {
+    let (_, constant) = crate::lower::loads_and_constants(body);
+    for i in 0..body.nodes.len() {
+        let ExprKind::Reshape(shape, x) = body.nodes[i].kind.clone() else {
+            continue;
+        };
+        let xi = x.index();
+        let joined = match &body.node(x).kind {
+            ExprKind::Concat(crate::ir::DimRef::Index(j), _) => Some(*j),
+            ExprKind::Slice(..) => None,
+            _ => continue,
+        };
+        if constant[xi]
+            || crate::lower::tiled(body.nodes[i].ty.as_ref())
+            || crate::lower::tiled(body.ty(x))
+        {
+            continue;
+        }
+        let Some(Type::Tensor(xt)) = body.ty(x).cloned() else {
+            continue;
+        };
+        if let Some(copy) = tiled_copy(body, x, &xt, joined, None) {
+            body.nodes[i].kind = ExprKind::Reshape(shape, copy);
+        }
+    }
+    // The copies follow the reshapes that now read them: operands first again.
+    reorder(body);
     let (_, constant) = crate::lower::loads_and_constants(body);
     let views = crate::lower::reshape_views(body, &constant, &crate::lower::early_plumbing(body));
     for k in 0..body.results.len() {
@@ -148,10 +180,8 @@ fn tile_view_results(body: &mut Body) {
         let Some(Type::Tensor(t)) = body.node(r).ty.clone() else {
             continue;
         };
-        // The operands, and whether a tile may split result dimension `d`: not a concat's
-        // joined dimension; for a broadcast, only a dimension its operand has whole (one it
-        // adds or stretches from 1 cannot be split through it, so the tile holds it whole).
-        // (A broadcast: its shape, operand and operand type, and the rank it adds.)
+        // The operands, and the dimension a concat joins. (A broadcast: its shape, operand
+        // and operand type, and the rank it adds.)
         let (operands, joined, bcast) = match &body.node(r).kind {
             ExprKind::Reshape(_, y) => (vec![*y], None, None),
             ExprKind::Concat(crate::ir::DimRef::Index(j), ys) => (ys.clone(), Some(*j), None),
@@ -164,140 +194,178 @@ fn tile_view_results(body: &mut Body) {
             }
             _ => continue,
         };
-        let splittable = |d: usize| {
-            Some(d) != joined
-                && bcast
-                    .as_ref()
-                    .is_none_or(|(_, _, yt, off)| d >= *off && yt.shape[d - off] == t.shape[d])
-        };
-        if !t.par.is_empty() || operands.iter().any(|y| crate::lower::tiled(body.ty(*y))) {
+        if operands.iter().any(|y| crate::lower::tiled(body.ty(*y))) {
             continue;
         }
-        // The first two dimensions that are not literal 1s (a grid of one program tiles
-        // nothing): one grid axis left a 1024×64 head of a merged-heads result per program,
-        // more than any schedule holds.
-        let dims: Vec<(usize, String)> = (0..t.rank())
-            .filter(|d| !t.shape[*d].is_one() && splittable(*d))
-            .filter_map(|d| crate::egraph::rules::axis_at(&t.shape, d).map(|a| (d, a)))
-            .take(2)
-            .collect();
-        if dims.is_empty() {
-            continue;
+        if let Some(whole) = tiled_copy(body, r, &t, joined, bcast) {
+            body.results[k] = whole;
         }
-        // Axes no kernel of the program has: the copy's block sizes are its own.
-        let mut used: std::collections::BTreeSet<Sym> = body
-            .nodes
-            .iter()
-            .filter_map(|n| match &n.ty {
-                Some(Type::Tensor(t)) => Some(t.par.axes().cloned().collect::<Vec<_>>()),
-                _ => None,
-            })
-            .flatten()
-            .collect();
-        let mut grid = Vec::new();
-        for (d, axis) in dims {
-            let Some(axis) = (0..64)
-                .map(|i| Sym::from(crate::egraph::rules::nth_axis(&axis, i).as_str()))
-                .find(|a| !used.contains(a))
-            else {
-                continue;
-            };
-            used.insert(axis);
-            grid.push((d, axis));
-        }
-        if grid.is_empty() {
-            continue;
-        }
-        // partition[d1,b](partition[d0,a](r)), then the combinations in reverse. A broadcast
-        // is applied to tiles of its operand instead (`broadcast[…](partition[…](y))`, its
-        // dimensions shifted by the rank it adds): a tensor-level broadcast of a stored value
-        // is no view tiles can load through.
-        let off = bcast.as_ref().map_or(0, |b| b.3);
-        let mut push = |kind, t| {
-            body.push(Node {
-                kind,
-                name: None,
-                annot: None,
-                span: Default::default(),
-                ty: Some(Type::Tensor(t)),
-            })
-        };
-        let (start, start_ty) = match &bcast {
-            Some((_, y, yt, _)) => (*y, yt.clone()),
-            None => (r, t.clone()),
-        };
-        let mut tile = start_ty.clone();
-        let mut tiles = vec![(start, start_ty)];
-        for (d, axis) in &grid {
-            let d = d - off;
-            tile.par.0.insert(*axis, crate::ir::ParKind::Partition(d));
-            let prev = tiles.last().map(|p| p.0).unwrap_or(start);
-            let part = push(
-                ExprKind::Partition(crate::ir::DimRef::Index(d), *axis, prev),
-                tile.clone(),
-            );
-            tiles.push((part, tile.clone()));
-        }
-        let mut whole = tiles.last().map(|p| p.0).unwrap_or(start);
-        // The result's type at each level of the combinations: its grid axes up to it.
-        let mut levels = vec![t.clone()];
-        for (d, axis) in &grid {
-            let mut next = levels.last().cloned().unwrap_or_else(|| t.clone());
-            next.par.0.insert(*axis, crate::ir::ParKind::Partition(*d));
-            levels.push(next);
-        }
-        if let Some((shape, _, _, _)) = bcast {
-            let ty = levels.last().cloned().unwrap_or_else(|| t.clone());
-            whole = push(ExprKind::Broadcast(shape, whole), ty);
-        }
-        for (i, (d, axis)) in grid.iter().enumerate().rev() {
-            whole = push(
-                ExprKind::Combination(crate::ir::DimRef::Index(*d), *axis, whole),
-                levels[i].clone(),
-            );
-        }
-        body.results[k] = whole;
     }
-    drop_dead_nodes(body);
+    reorder(body);
 }
 
-/// Removes the nodes no result reads (a broadcast result replaced by its tiled form leaves the
-/// tensor-level broadcast unread; lowered, it would still be a kernel), keeping the order and
-/// the parameters.
-fn drop_dead_nodes(body: &mut Body) {
-    let n = body.nodes.len();
-    let mut live = vec![false; n];
-    for p in &body.params {
-        live[p.index()] = true;
+/// A broadcast a tiled copy applies to its operand's tiles: its shape, operand, operand type,
+/// and the rank it adds.
+type TiledBroadcast = (Vec<crate::ir::Dim>, NodeId, crate::ir::TensorType, usize);
+
+/// `combination[0,a](combination[1,b](partition[1,b](partition[0,a](v))))` for the
+/// tensor-level value `v` of type `t`: the same value, copied by a kernel with a grid along
+/// the first two dimensions of `t` a tile may split — not literal 1s (a grid of one program
+/// tiles nothing), not a concat's `joined` dimension, and for a broadcast (`bcast`, applied
+/// to tiles of its operand instead: a tensor-level broadcast of a stored value is no view
+/// tiles can load through) only a dimension its operand has whole (one it adds or stretches
+/// from 1 cannot be split through it, so the tile holds it whole). `None` where no dimension
+/// can be split or `v` is tiled already.
+fn tiled_copy(
+    body: &mut Body,
+    v: NodeId,
+    t: &crate::ir::TensorType,
+    joined: Option<usize>,
+    bcast: Option<TiledBroadcast>,
+) -> Option<NodeId> {
+    if !t.par.is_empty() {
+        return None;
     }
-    let mut stack: Vec<NodeId> = body.results.clone();
-    while let Some(id) = stack.pop() {
-        if !std::mem::replace(&mut live[id.index()], true) {
-            stack.extend(body.node(id).kind.operands());
+    let splittable = |d: usize| {
+        Some(d) != joined
+            && bcast
+                .as_ref()
+                .is_none_or(|(_, _, yt, off)| d >= *off && yt.shape[d - off] == t.shape[d])
+    };
+    // One grid axis left a 1024×64 head of a merged-heads result per program, more than any
+    // schedule holds: two.
+    let dims: Vec<(usize, String)> = (0..t.rank())
+        .filter(|d| !t.shape[*d].is_one() && splittable(*d))
+        .filter_map(|d| crate::egraph::rules::axis_at(&t.shape, d).map(|a| (d, a)))
+        .take(2)
+        .collect();
+    // Axes no kernel of the program has: the copy's block sizes are its own.
+    let mut used: std::collections::BTreeSet<Sym> = body
+        .nodes
+        .iter()
+        .filter_map(|n| match &n.ty {
+            Some(Type::Tensor(t)) => Some(t.par.axes().cloned().collect::<Vec<_>>()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    let mut grid = Vec::new();
+    for (d, axis) in dims {
+        let Some(axis) = (0..64)
+            .map(|i| Sym::from(crate::egraph::rules::nth_axis(&axis, i).as_str()))
+            .find(|a| !used.contains(a))
+        else {
+            continue;
+        };
+        used.insert(axis);
+        grid.push((d, axis));
+    }
+    if grid.is_empty() {
+        return None;
+    }
+    // partition[d1,b](partition[d0,a](v)), then the combinations in reverse.
+    let off = bcast.as_ref().map_or(0, |b| b.3);
+    let mut push = |kind, t| {
+        body.push(Node {
+            kind,
+            name: None,
+            annot: None,
+            span: Default::default(),
+            ty: Some(Type::Tensor(t)),
+        })
+    };
+    let (start, mut tile) = match &bcast {
+        Some((_, y, yt, _)) => (*y, yt.clone()),
+        None => (v, t.clone()),
+    };
+    let mut whole = start;
+    for (d, axis) in &grid {
+        tile.par
+            .0
+            .insert(*axis, crate::ir::ParKind::Partition(d - off));
+        whole = push(
+            ExprKind::Partition(crate::ir::DimRef::Index(d - off), *axis, whole),
+            tile.clone(),
+        );
+    }
+    // The value's type at each level of the combinations: its grid axes up to it.
+    let mut levels = vec![t.clone()];
+    for (d, axis) in &grid {
+        let mut next = levels.last().cloned().unwrap_or_else(|| t.clone());
+        next.par.0.insert(*axis, crate::ir::ParKind::Partition(*d));
+        levels.push(next);
+    }
+    if let Some((shape, _, _, _)) = bcast {
+        let ty = levels.last().cloned().unwrap_or_else(|| t.clone());
+        whole = push(ExprKind::Broadcast(shape, whole), ty);
+    }
+    for (i, (d, axis)) in grid.iter().enumerate().rev() {
+        whole = push(
+            ExprKind::Combination(crate::ir::DimRef::Index(*d), *axis, whole),
+            levels[i].clone(),
+        );
+    }
+    Some(whole)
+}
+
+/// Puts the nodes in an order where each follows its operands (a rewritten operand may come
+/// later than its reader), parameters first in their order, and drops the nodes no result
+/// reads (a broadcast result replaced by its tiled form leaves the tensor-level broadcast
+/// unread; lowered, it would still be a kernel). Otherwise the order is kept: operands in a
+/// depth-first walk from the results, as `reconstruct` builds them.
+fn reorder(body: &mut Body) {
+    let n = body.nodes.len();
+    let mut new_id: Vec<Option<NodeId>> = vec![None; n];
+    let mut order: Vec<usize> = Vec::with_capacity(n);
+    for p in &body.params {
+        if new_id[p.index()].is_none() {
+            new_id[p.index()] = Some(NodeId(order.len() as u32));
+            order.push(p.index());
         }
     }
-    if live.iter().all(|l| *l) {
-        return;
-    }
-    let mut new_id: Vec<Option<NodeId>> = vec![None; n];
-    let mut nodes = Vec::with_capacity(n);
-    for (i, node) in std::mem::take(&mut body.nodes).into_iter().enumerate() {
-        if !live[i] {
+    // Post-order, operands in order, from each result in turn.
+    let mut stack: Vec<(usize, bool)> = body
+        .results
+        .iter()
+        .rev()
+        .map(|r| (r.index(), false))
+        .collect();
+    while let Some((i, done)) = stack.pop() {
+        if new_id[i].is_some() {
             continue;
         }
-        let ops: Vec<NodeId> = node
-            .kind
-            .operands()
-            .iter()
-            .map(|o| new_id[o.index()].unwrap_or(*o))
-            .collect();
-        new_id[i] = Some(NodeId(nodes.len() as u32));
-        nodes.push(Node {
-            kind: node.kind.with_operands(&ops),
-            ..node
-        });
+        if done {
+            new_id[i] = Some(NodeId(order.len() as u32));
+            order.push(i);
+        } else {
+            stack.push((i, true));
+            let ops = body.nodes[i].kind.operands();
+            stack.extend(ops.iter().rev().map(|o| (o.index(), false)));
+        }
     }
-    body.nodes = nodes;
+    if order.iter().enumerate().all(|(k, i)| k == *i) && order.len() == n {
+        return;
+    }
+    let mut old: Vec<Option<Node>> = std::mem::take(&mut body.nodes)
+        .into_iter()
+        .map(Some)
+        .collect();
+    body.nodes = order
+        .iter()
+        .filter_map(|&i| {
+            let node = old[i].take()?;
+            let ops: Vec<NodeId> = node
+                .kind
+                .operands()
+                .iter()
+                .map(|o| new_id[o.index()].unwrap_or(*o))
+                .collect();
+            Some(Node {
+                kind: node.kind.with_operands(&ops),
+                ..node
+            })
+        })
+        .collect();
     let remap = |id: &NodeId| new_id[id.index()].unwrap_or(*id);
     body.params = body.params.iter().map(remap).collect();
     body.results = body.results.iter().map(remap).collect();

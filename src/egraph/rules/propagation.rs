@@ -1,10 +1,11 @@
 //! Propagating parallelism (paper §4.3): partitions and replicas move to the inputs of
 //! pointwise, layout and reduction operators; combinations move to their outputs. Operands
-//! that broadcast along a partitioned dimension are replicated; rank-0 literals stay as they
-//! are (implicitly replicated).
+//! that broadcast along a partitioned dimension are replicated; rank-0 values stay as they
+//! are (implicitly replicated), and a rank-0 value an operator computes is also offered
+//! replicated explicitly, so that a tile can compute it (`computed_scalar`).
 
 use super::*;
-use crate::ir::ReducerRef;
+use crate::ir::{ParKind, ReducerRef};
 
 #[rustfmt::skip]
 pub static RULES: &[Rule] = &[
@@ -27,6 +28,74 @@ pub static RULES: &[Rule] = &[
 /// A rank-0 value without parallel state: typing replicates it implicitly.
 fn is_scalar_literal(t: &TensorType) -> bool {
     t.shape.is_empty() && t.par.is_empty()
+}
+
+/// A rank-0 value some operator computes (no literal, fill or input in its class): a global
+/// norm, a loss, a clip coefficient. Left implicit, a tile reads it from memory, so its
+/// operators are kernels of their own, one per scalar; replicated explicitly
+/// (`replicate[a](x)`), the replica can move into them (`pointwise-replicate-in`) and each
+/// tile computes the scalar chain from the values it is built of. Both forms are offered.
+/// A constant expression (a count of ones, `1.0 / 4096.0`) is not one: the lowering
+/// computes it inline wherever it is read.
+fn computed_scalar(eg: &EGraph, x: Id) -> bool {
+    tensor_type(eg, x).is_some_and(is_scalar_literal)
+        && nodes(eg, x).iter().all(|n| !n.children.is_empty())
+        && !constant_class(eg, x, 8)
+}
+
+/// Whether some e-node of `x` is a constant expression: a literal, fill or iota, or an
+/// operator of constant expressions, looked for `depth` operators deep.
+fn constant_class(eg: &EGraph, x: Id, depth: u32) -> bool {
+    nodes(eg, x).iter().any(|n| match n.op {
+        Op::Constant(..) | Op::Fill(..) | Op::Iota(..) => true,
+        Op::Input(..) => false,
+        _ => {
+            depth > 0
+                && !n.children.is_empty()
+                && n.children.iter().all(|k| constant_class(eg, *k, depth - 1))
+        }
+    })
+}
+
+/// `f`'s operand views, and where some operand is a computed scalar, the same views with
+/// those replicated along every axis of the result (`computed_scalar`; `class`'s type: the
+/// other operands carry those axes, so the scalar must too). The views as given only where
+/// some other operand carries the axes (`implicit`): a pointwise operator of scalars alone
+/// is no replica.
+fn push_with_scalar_replicas(
+    eg: &EGraph,
+    class: Id,
+    f: &ENode,
+    views: Vec<Term>,
+    implicit: bool,
+    out: &mut Out,
+) {
+    let axes: Option<Vec<Sym>> = tensor_type(eg, class).and_then(|t| {
+        t.par
+            .0
+            .iter()
+            .map(|(a, k)| (!matches!(k, ParKind::Partial)).then_some(*a))
+            .collect()
+    });
+    if let Some(axes) = axes.filter(|_| f.children.iter().any(|x| computed_scalar(eg, *x))) {
+        let replicated: Vec<Term> = f
+            .children
+            .iter()
+            .zip(&views)
+            .map(|(x, v)| {
+                if computed_scalar(eg, *x) {
+                    axes.iter()
+                        .fold(cls(*x), |t, a| node(Op::Replicate(*a), vec![t]))
+                } else {
+                    v.clone()
+                }
+            })
+            .collect();
+        out.push(node(f.op.clone(), replicated));
+    }
+    if implicit {
+        out.push(node(f.op.clone(), views));
+    }
 }
 
 /// The view of pointwise operand `x` for output dimension `d` (`out_dim`) of rank
@@ -62,7 +131,7 @@ fn operand_view(
     }
 }
 
-fn pointwise_partition_in(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
+fn pointwise_partition_in(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
     let Op::Partition(d, a) = &n.op else { return };
     let inner = n.children[0];
     let Some(ti) = tensor_type(eg, inner) else {
@@ -78,19 +147,19 @@ fn pointwise_partition_in(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
             .map(|x| operand_view(eg, *x, *d, ti.rank(), &ti.shape[*d], *a))
             .collect();
         if let Some(views) = views {
-            out.push(node(f.op.clone(), views));
+            push_with_scalar_replicas(eg, class, f, views, true, out);
         }
     }
 }
 
-fn pointwise_replicate_in(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
+fn pointwise_replicate_in(eg: &EGraph, class: Id, n: &ENode, out: &mut Out) {
     let Op::Replicate(a) = &n.op else { return };
     for f in nodes(eg, n.children[0]) {
         // With only literals as operands nothing would carry the replica.
         if !Op::is_pointwise(&f.op)
-            || f.children
-                .iter()
-                .all(|x| tensor_type(eg, *x).is_some_and(is_scalar_literal))
+            || f.children.iter().all(|x| {
+                tensor_type(eg, *x).is_some_and(is_scalar_literal) && !computed_scalar(eg, *x)
+            })
         {
             continue;
         }
@@ -108,8 +177,12 @@ fn pointwise_replicate_in(eg: &EGraph, _class: Id, n: &ENode, out: &mut Out) {
                 }
             })
             .collect();
+        let implicit = f
+            .children
+            .iter()
+            .any(|x| tensor_type(eg, *x).is_some_and(|t| !is_scalar_literal(t)));
         if let Some(views) = views {
-            out.push(node(f.op.clone(), views));
+            push_with_scalar_replicas(eg, class, f, views, implicit, out);
         }
     }
 }
