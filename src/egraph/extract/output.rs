@@ -234,11 +234,24 @@ fn tiled_copy(
     };
     // One grid axis left a 1024×64 head of a merged-heads result per program, more than any
     // schedule holds: two.
-    let dims: Vec<(usize, String)> = (0..t.rank())
-        .filter(|d| !t.shape[*d].is_one() && splittable(*d))
-        .filter_map(|d| crate::egraph::rules::axis_at(&t.shape, d).map(|a| (d, a)))
-        .take(2)
-        .collect();
+    let pick = |splittable: &dyn Fn(usize) -> bool| -> Vec<(usize, String)> {
+        (0..t.rank())
+            .filter(|d| !t.shape[*d].is_one() && splittable(*d))
+            .filter_map(|d| crate::egraph::rules::axis_at(&t.shape, d).map(|a| (d, a)))
+            .take(2)
+            .collect()
+    };
+    let mut dims = pick(&splittable);
+    // A broadcast of one element (a scalar, a `1x1`) has no dimension to split through: its
+    // tiles are `partition(fill[1.0]) * replicate(y)` instead, exactly `y` in every element
+    // (`y * 1` is `y` for every value, infinities, NaN and -0 included).
+    let one_element = dims.is_empty()
+        && bcast
+            .as_ref()
+            .is_some_and(|(_, _, yt, _)| yt.shape.iter().all(|d| d.is_one()));
+    if one_element {
+        dims = pick(&|_| true);
+    }
     // Axes no kernel of the program has: the copy's block sizes are its own.
     let mut used: std::collections::BTreeSet<Sym> = body
         .nodes
@@ -265,6 +278,21 @@ fn tiled_copy(
     }
     // partition[d1,b](partition[d0,a](v)), then the combinations in reverse.
     let off = bcast.as_ref().map_or(0, |b| b.3);
+    let (start, mut tile) = match &bcast {
+        _ if one_element => {
+            let ones = body.push(Node {
+                kind: ExprKind::Fill(1.0),
+                name: None,
+                annot: Some(Type::Tensor(t.clone())),
+                span: Default::default(),
+                ty: Some(Type::Tensor(t.clone())),
+            });
+            (ones, t.clone())
+        }
+        Some((_, y, yt, _)) => (*y, yt.clone()),
+        None => (v, t.clone()),
+    };
+    let off = if one_element { 0 } else { off };
     let mut push = |kind, t| {
         body.push(Node {
             kind,
@@ -273,10 +301,6 @@ fn tiled_copy(
             span: Default::default(),
             ty: Some(Type::Tensor(t)),
         })
-    };
-    let (start, mut tile) = match &bcast {
-        Some((_, y, yt, _)) => (*y, yt.clone()),
-        None => (v, t.clone()),
     };
     let mut whole = start;
     for (d, axis) in &grid {
@@ -295,9 +319,21 @@ fn tiled_copy(
         next.par.0.insert(*axis, crate::ir::ParKind::Partition(*d));
         levels.push(next);
     }
-    if let Some((shape, _, _, _)) = bcast {
+    if let Some((shape, y, mut yt, _)) = bcast {
         let ty = levels.last().cloned().unwrap_or_else(|| t.clone());
-        whole = push(ExprKind::Broadcast(shape, whole), ty);
+        whole = if one_element {
+            let mut replica = y;
+            for (_, axis) in &grid {
+                yt.par.0.insert(*axis, crate::ir::ParKind::Replicate);
+                replica = push(ExprKind::Replicate(*axis, replica), yt.clone());
+            }
+            push(
+                ExprKind::Binary(crate::ir::BinaryOp::Multiply, whole, replica),
+                ty,
+            )
+        } else {
+            push(ExprKind::Broadcast(shape, whole), ty)
+        };
     }
     for (i, (d, axis)) in grid.iter().enumerate().rev() {
         whole = push(
