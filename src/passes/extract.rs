@@ -692,19 +692,23 @@ impl Pass for ExtractPass {
             } else {
                 self.time_limit.duration()
             };
-            // The function as written (not one a dump holds, nor a subgraph), split as the
-            // partitioned fallback and the race search it.
-            let split = if self.partition_fallback && !is_part && top > 0 {
+            // The function as written (not one a dump holds), or the subgraph `saturate` made
+            // (`cx.parts`), split as the partitioned fallback and the race search it.
+            let split = if !self.partition_fallback || top == 0 {
+                None
+            } else if is_part {
+                cx.parts.get(&g.name).and_then(fallback_partition)
+            } else {
                 cx.original
                     .funcs
                     .iter()
                     .find(|f| f.name == g.name && !crate::partition::has_calls(f))
                     .and_then(fallback_partition)
-            } else {
-                None
             };
-            // With a race, the whole search stops at three quarters of the limit.
-            let race = self.partition_race && split.is_some() && limit >= RACE_MIN_LIMIT;
+            // With a race, the whole search stops at three quarters of the limit. Not a
+            // subgraph's: its parts' candidates compose already.
+            let race =
+                self.partition_race && !is_part && split.is_some() && limit >= RACE_MIN_LIMIT;
             let whole_limit = if race { limit.mul_f64(0.75) } else { limit };
             let mut extractor = extractor
                 .clone()
@@ -970,6 +974,21 @@ impl Pass for ExtractPass {
                 row.insert("fallback".into(), "partitioned".into());
                 row.insert("output".into(), fs.len().into());
                 per_graph.push(serde_json::Value::Object(row));
+                if is_part {
+                    // A subgraph's candidates go to its composition, ranked by the model.
+                    let score = self
+                        .rank_bound(&g.egraph.analysis.env, top)?
+                        .map(|rb| rb.score);
+                    let scored = fs
+                        .into_iter()
+                        .map(|f| {
+                            let e = score.as_ref().and_then(|s| s(&f).ok().flatten());
+                            (e.unwrap_or(f64::MAX), f)
+                        })
+                        .collect();
+                    parts.insert(g.name.clone(), scored);
+                    continue;
+                }
                 funcs.extend(fs);
                 continue;
             }

@@ -325,6 +325,7 @@ impl PassManager {
         // Code from a backend pass; report lines then become `#` comments on standard output.
         let code_out = self.passes.iter().any(|p| p.emits_code);
         let mut emitted: Option<String> = None;
+        let mut parts = std::collections::BTreeMap::new();
         for scheduled in &mut self.passes {
             let name = &scheduled.name;
             if config.print_ir.before.contains(name) {
@@ -340,6 +341,7 @@ impl PassManager {
                 counters: Default::default(),
                 emitted: None,
                 progress: config.progress,
+                parts: &mut parts,
             };
             let t0 = Instant::now();
             let outcome = scheduled.pass.run(&mut module, &mut cx);

@@ -54,6 +54,10 @@ pub struct PassContext<'a> {
     /// Whether passes that run longer than a second write a progress line to stderr
     /// (`--progress`; by default when stderr is a terminal).
     pub progress: bool,
+    /// The subgraph functions `saturate` partitioned large functions into, by name, for the
+    /// passes after it (`extract` searches a subgraph partitioned again when its own search
+    /// ranks nothing). Empty when the e-graphs came from a dump.
+    pub parts: &'a mut std::collections::BTreeMap<String, crate::ir::Function>,
 }
 
 pub trait Pass {

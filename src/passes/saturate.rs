@@ -173,9 +173,14 @@ impl Pass for SaturatePass {
                 .funcs
                 .into_iter()
                 .partition(crate::partition::has_calls);
+            let sub_names: Vec<String> = subs.iter().map(|f| f.name.clone()).collect();
             module.funcs.extend(subs);
             module.funcs.extend(comps);
             crate::verify::verify_module(module)?;
+            // Typed, as `extract`'s partitioned fallback needs them.
+            for f in module.funcs.iter().filter(|f| sub_names.contains(&f.name)) {
+                cx.parts.insert(f.name.clone(), f.clone());
+            }
         }
         let graphs = module_egraphs(module, true)?;
         let rules = all_rules();
