@@ -44,17 +44,27 @@ fn computed_scalar(eg: &EGraph, x: Id) -> bool {
 }
 
 /// Whether some e-node of `x` is a constant expression: a literal, fill or iota, or an
-/// operator of constant expressions, looked for `depth` operators deep.
+/// operator of constant expressions, looked for `depth` operators deep (each class judged
+/// once: `seen`; one met again on its own path counts as not constant).
 fn constant_class(eg: &EGraph, x: Id, depth: u32) -> bool {
-    nodes(eg, x).iter().any(|n| match n.op {
-        Op::Constant(..) | Op::Fill(..) | Op::Iota(..) => true,
-        Op::Input(..) => false,
-        _ => {
-            depth > 0
-                && !n.children.is_empty()
-                && n.children.iter().all(|k| constant_class(eg, *k, depth - 1))
+    fn go(eg: &EGraph, x: Id, depth: u32, seen: &mut rustc_hash::FxHashMap<Id, bool>) -> bool {
+        if let Some(&known) = seen.get(&x) {
+            return known;
         }
-    })
+        seen.insert(x, false);
+        let constant = nodes(eg, x).iter().any(|n| match n.op {
+            Op::Constant(..) | Op::Fill(..) | Op::Iota(..) => true,
+            Op::Input(..) => false,
+            _ => {
+                depth > 0
+                    && !n.children.is_empty()
+                    && n.children.iter().all(|k| go(eg, *k, depth - 1, seen))
+            }
+        });
+        seen.insert(x, constant);
+        constant
+    }
+    go(eg, x, depth, &mut rustc_hash::FxHashMap::default())
 }
 
 /// `f`'s operand views, and where some operand is a computed scalar, the same views with
