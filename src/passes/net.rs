@@ -674,6 +674,39 @@ mod tests {
         m
     }
 
+    /// A candidate that does not type (an operand on a parallel axis the other lacks) is
+    /// wrong, named as such, before anything runs it.
+    #[test]
+    fn a_candidate_that_does_not_type_is_wrong() {
+        let source = function(
+            "func f where M = 8, K = 16 {\n  x: tensor<MxK, f32> = input\n  y: tensor<MxK, f32> = input\n  return x + y\n}\n",
+        );
+        let mut bad = function(
+            "func f where M = 8, K = 16 {\n  x: tensor<MxK, f32> = input\n  y: tensor<MxK, f32> = input\n  return combination[0,m](partition[0,m](x) + partition[0,m](y))\n}\n",
+        )
+        .funcs
+        .remove(0);
+        // Point the sum's second operand at `y` itself: untiled beside a tile on `m`.
+        let sum = bad
+            .body
+            .ids()
+            .find(|id| matches!(bad.body.node(*id).kind, crate::ir::ExprKind::Binary(..)))
+            .expect("a sum");
+        let y = bad.body.params[1];
+        let crate::ir::ExprKind::Binary(op, a, _) = bad.body.node(sum).kind.clone() else {
+            unreachable!()
+        };
+        bad.body.nodes[sum.index()].kind = crate::ir::ExprKind::Binary(op, a, y);
+        let report = check_candidates(&Module::default(), &source.funcs[0], &[bad], 1);
+        assert_eq!(report.checked, 1);
+        assert_eq!(report.wrong.len(), 1, "{:?}", report.wrong);
+        assert!(
+            report.wrong[0].1.starts_with("does not verify:"),
+            "{:?}",
+            report.wrong
+        );
+    }
+
     #[test]
     fn the_diagnosis_names_the_unsound_rule_a_wrong_candidate_needs() {
         let source = function(

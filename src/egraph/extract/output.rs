@@ -145,6 +145,8 @@ pub fn reconstruct(x: &ExtractGraph, choice: &Choice, name: &str) -> Function {
 /// buffers. That copy is tiled the same way, and the reshape views its buffer.
 fn tile_view_results(body: &mut Body) {
     let (_, constant) = crate::lower::loads_and_constants(body);
+    // One copy per view, however many reshapes read it.
+    let mut copies: FxHashMap<NodeId, Option<NodeId>> = FxHashMap::default();
     for i in 0..body.nodes.len() {
         let ExprKind::Reshape(shape, x) = body.nodes[i].kind.clone() else {
             continue;
@@ -164,7 +166,15 @@ fn tile_view_results(body: &mut Body) {
         let Some(Type::Tensor(xt)) = body.ty(x).cloned() else {
             continue;
         };
-        if let Some(copy) = tiled_copy(body, x, &xt, joined, None) {
+        let copy = match copies.get(&x) {
+            Some(c) => *c,
+            None => {
+                let c = tiled_copy(body, x, &xt, joined, None);
+                copies.insert(x, c);
+                c
+            }
+        };
+        if let Some(copy) = copy {
             body.nodes[i].kind = ExprKind::Reshape(shape, copy);
         }
     }
