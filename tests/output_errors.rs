@@ -105,3 +105,35 @@ fn a_failed_run_leaves_the_output_file_as_it_was() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// With `--split-input-file` each chunk is a run of its own: `-o FILE` holds the output of the
+/// chunks that succeeded (exit code 1 still says one failed), and is left as it was only when
+/// every chunk failed. (`lit/extract/validity.ef` read a file an earlier run had left.)
+#[test]
+fn split_input_writes_the_chunks_that_succeed() {
+    let dir = std::env::temp_dir().join(format!("efopt-split-output-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temporary directory");
+    let good = "func good {\n  x: tensor<4, f32> = input\n  return exp(x)\n}\n";
+    let bad = "func bad {\n  x: tensor<4, f32> = input\n  return y\n}\n";
+    let run = |text: &str, name: &str| {
+        let input = dir.join(format!("{name}.ef"));
+        std::fs::write(&input, text).expect("input");
+        let out = dir.join(format!("{name}.out.ef"));
+        let status = Command::new(env!("CARGO_BIN_EXE_efopt"))
+            .args(["--split-input-file", "--passes=verify", "-o"])
+            .arg(&out)
+            .arg(&input)
+            .output()
+            .expect("efopt runs");
+        (status.status.code(), std::fs::read_to_string(&out).ok())
+    };
+    let (code, text) = run(&format!("{good}// -----\n{bad}"), "mixed");
+    assert_eq!(code, Some(1));
+    let text = text.expect("the good chunk is written");
+    assert!(text.contains("func good"), "{text}");
+    assert!(!text.contains("func bad"), "{text}");
+    let (code, text) = run(&format!("{bad}// -----\n{bad}"), "all_bad");
+    assert_eq!(code, Some(1));
+    assert_eq!(text, None, "every chunk failed: no file");
+    let _ = std::fs::remove_dir_all(&dir);
+}

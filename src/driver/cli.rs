@@ -103,7 +103,9 @@ pub struct Cli {
     )]
     pub verify_each: Option<bool>,
 
-    /// write the final IR to FILE instead of standard output
+    /// write the final IR to FILE instead of standard output; FILE is replaced only by a run
+    /// that succeeds (with --split-input-file: by one where some chunk did, holding the
+    /// output of every chunk that did)
     #[arg(short = 'o', value_name = "FILE", help_heading = "INPUT AND OUTPUT")]
     pub output: Option<String>,
 

@@ -191,6 +191,7 @@ pub fn run(args: &[String]) -> i32 {
     let mut timing = Timing { rows: Vec::new() };
     let mut stats = Vec::new();
     let separated = chunks.len() > 1;
+    let mut chunks_ok = 0;
     // Which `--set` overrides met a function or e-graph in some chunk: one that met none is
     // most likely a misspelt name.
     let mut sets_applied = vec![false; opts.sets.len()];
@@ -255,6 +256,7 @@ pub fn run(args: &[String]) -> i32 {
                 exit = 1;
             }
         }
+        chunks_ok += usize::from(!outcome.failed);
         // Each chunk is written once processed, and its module dropped before the next.
         if write_failed.is_none() {
             write_failed = write_output(&outcome.output, &mut sink, &opts)
@@ -277,8 +279,10 @@ pub fn run(args: &[String]) -> i32 {
         }
     }
     drop(sink);
+    // Split input: each chunk is a run of its own, and the file holds those that succeeded
+    // (a failed chunk writes nothing); it is kept unless every chunk failed.
     if let Some(f) = output_file {
-        if exit == 0 {
+        if exit == 0 || (separated && chunks_ok > 0) {
             if let Err(e) = f.keep() {
                 eprintln!("error: cannot write `{}`: {e}", f.path);
                 return 1;

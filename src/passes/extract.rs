@@ -37,7 +37,13 @@ pub const COMPOSE_TOP: usize = 10;
 pub fn rank_scorer(env: &crate::verify::typing::TypeEnv, dev: &'static Device) -> Scorer {
     let info = crate::verify::ModuleInfo::of_typed_egraph(env);
     std::sync::Arc::new(move |f: &Function| {
-        let plan = crate::lower::plan(&info, f).map_err(|r| r.reason)?;
+        let plan = crate::lower::plan(&info, f).map_err(|r| {
+            format!(
+                "{} AT {}",
+                r.reason,
+                crate::ir::print::print_expr(&f.body, r.node)
+            )
+        })?;
         Ok(crate::rank::estimate(&plan, dev, crate::rank::Solver::Lp).map(|e| e.cost.us))
     })
 }
@@ -231,6 +237,9 @@ pub struct ExtractOptions {
     /// gives the last quarter of it to a partitioned search, and both searches' candidates
     /// are output.
     pub partition_race: bool,
+    /// `stall-limit`: a rank-bounded search stops once its best have not changed for this
+    /// many seconds, nor for as long as it took to find them (0: off).
+    pub stall_limit: Seconds,
 }
 
 impl Default for ExtractOptions {
@@ -252,6 +261,7 @@ impl Default for ExtractOptions {
             part_time_limit: Seconds(5.0),
             partition_fallback: true,
             partition_race: true,
+            stall_limit: Seconds(3.0),
         }
     }
 }
@@ -287,6 +297,8 @@ pass_options!(ExtractOptions {
         "stop the search of each subgraph a composition calls (`partition`) after this many seconds, keeping the best found; the subgraphs share their seconds, so one that ends early leaves its time to those after it (none gets less than this). Unset while `time-limit` is set, the subgraphs share `time-limit` (none gets less than an even share)";
     "partition-race" => partition_race: OptionKind::Bool,
         "where a rank-bounded search of a whole function (that `partition-fallback` could split) would run to its time limit, stop it at three quarters of the limit and search the function partitioned for the rest, as the fallback does; both searches' candidates are output (up to twice `top`) for `rank` to order. A partitioned search finds the best tiling of each part in a fraction of a second where the whole search may not reach it (linear attention: 54.49 us whole in 60 s, 13.17 us partitioned)";
+    "stall-limit" => stall_limit: OptionKind::Float,
+        "stop a rank-bounded search once it has ranked a candidate and its best `top` have not changed for this many seconds, nor for as long as the search had run when they last changed (0: off, search to `time-limit` or the proof). Where the bound cannot prove the best (causal prefill: tensor-core work and masked tiles are not in it), the search finds them in its first seconds and the rest of the time limit finds nothing better; a stalled search is not a proof (a remark says so), and `partition-race` still runs after it";
     "partition-fallback" => partition_fallback: OptionKind::Bool,
         "where a rank-bounded search of a whole function ranks nothing (no candidate with a legal schedule) after the other fallbacks, search the function partitioned (as `partition` does: values crossing a cut are stored) for its share of the time, each subgraph saturated with every rule family and searched on its own, and compose their candidates. Off when the preceding `saturate` chooses its `families`";
 });
@@ -311,6 +323,8 @@ pub struct ExtractPass {
     check_candidates: bool,
     partition_fallback: bool,
     partition_race: bool,
+    /// `stall-limit` (`None`: 0, off).
+    stall_limit: Option<Duration>,
     /// What the output's memory limit reads: the process's resident size. (A test gives it
     /// another, to stop the output where it chooses.)
     resident_mib: fn() -> Option<usize>,
@@ -365,6 +379,7 @@ impl NamedPass for ExtractPass {
             check_candidates: o.check_candidates,
             partition_fallback: o.partition_fallback,
             partition_race: o.partition_race,
+            stall_limit: (o.stall_limit.0 > 0.0).then(|| o.stall_limit.duration()),
             resident_mib: crate::egraph::extract::resident_mib,
         }
     }
@@ -713,6 +728,7 @@ impl Pass for ExtractPass {
             let mut extractor = extractor
                 .clone()
                 .with_time_limit(whole_limit)
+                .with_stall_limit(self.stall_limit)
                 .with_lowerable(lower_check(&g.egraph.analysis.env))
                 .with_rank_bound(self.rank_bound(&g.egraph.analysis.env, top)?);
             let shown = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -933,6 +949,7 @@ impl Pass for ExtractPass {
                 && matches!(
                     report.stop,
                     crate::egraph::extract::ExtractStop::TimeLimit(_)
+                        | crate::egraph::extract::ExtractStop::Stalled(_)
                 )
             {
                 let left = limit.saturating_sub(started.elapsed());
@@ -943,7 +960,11 @@ impl Pass for ExtractPass {
                         format!(
                             "extract @{}: the whole search stopped at {} s without proving its top {top}: searching partitioned for {:.1} s (`partition-race`)",
                             g.name,
-                            whole_limit.as_secs_f64(),
+                            match report.stop {
+                                crate::egraph::extract::ExtractStop::Stalled(_) =>
+                                    floor_tenths(started.elapsed()).as_secs_f64(),
+                                _ => whole_limit.as_secs_f64(),
+                            },
                             share.as_secs_f64()
                         ),
                     ));

@@ -124,6 +124,9 @@ pub enum ExtractStop {
     /// Rank-bounded extraction had no complete program with a legal schedule after this many
     /// seconds (`Extractor::unranked_after`).
     NothingRanked(f64),
+    /// Rank-bounded extraction's best `top` had not changed for this many seconds
+    /// (`Extractor::stall_limit`): they are the best found, not proven the best.
+    Stalled(f64),
 }
 
 impl ExtractStop {
@@ -145,6 +148,7 @@ impl std::fmt::Display for ExtractStop {
             ExtractStop::NothingRanked(s) => {
                 write!(f, "no candidate with a legal schedule after {s} s")
             }
+            ExtractStop::Stalled(s) => write!(f, "best unchanged for {s} s (stall limit)"),
         }
     }
 }
@@ -359,6 +363,12 @@ pub struct Extractor {
     /// program has had a legal schedule after this long, so that the caller can search
     /// another way (`extract` switches to walk order).
     pub unranked_after: Option<Duration>,
+    /// Rank-bounded extraction only: stop (`ExtractStop::Stalled`) once some complete program
+    /// is ranked and the best `top` have not changed for this long, nor for as long as the
+    /// search had run when they last changed. Off by default (`extract` sets it): where the
+    /// bound cannot prove the best (masked prefill), the search found them in its first
+    /// seconds and spends the rest of its time limit finding nothing better.
+    pub stall_limit: Option<Duration>,
     /// Check a child for dead components and for computing a value twice where its new picks
     /// decide it, before it is pushed, so that it is never walked (`computes_twice_directly`,
     /// `unreachable_from_holes`): the same states pruned earlier. On by default; off only to
@@ -437,6 +447,7 @@ impl Default for Extractor {
             background_lowering: true,
             rank_bound: None,
             unranked_after: None,
+            stall_limit: None,
         }
     }
 }
@@ -459,6 +470,11 @@ impl Extractor {
 
     pub fn with_unranked_after(mut self, d: Option<Duration>) -> Self {
         self.unranked_after = d;
+        self
+    }
+
+    pub fn with_stall_limit(mut self, d: Option<Duration>) -> Self {
+        self.stall_limit = d;
         self
     }
 

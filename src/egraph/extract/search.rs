@@ -61,6 +61,8 @@ struct Counts {
     /// `Outcomes::improvements` as last seen, and the programs expanded then.
     improvements: usize,
     last_improvement: usize,
+    /// The time into the search when the best `top` last changed.
+    improved_at: Duration,
 }
 
 /// One run of the search: the worklist, the trail of picks, the seen-set, what complete
@@ -312,6 +314,7 @@ impl<'scope, 'env> Search<'scope, 'env> {
         if self.out.improvements != self.n.improvements {
             self.n.improvements = self.out.improvements;
             self.n.last_improvement = self.n.expanded;
+            self.n.improved_at = self.start.elapsed();
         }
     }
 
@@ -322,6 +325,16 @@ impl<'scope, 'env> Search<'scope, 'env> {
         self.note_improvement();
         if elapsed > self.ex.time_limit {
             return Some(ExtractStop::TimeLimit(self.ex.time_limit.as_secs_f64()));
+        }
+        // A rank-bounded search whose best have not changed for the stall limit, and for as
+        // long again as it took to find them, gives up on proving them (`stall_limit`).
+        if let Some(stall) = self.ex.stall_limit.filter(|_| self.ex.rank_bound.is_some()) {
+            let unchanged = elapsed.saturating_sub(self.n.improved_at);
+            if self.out.improvements > 0 && unchanged >= stall.max(self.n.improved_at) {
+                return Some(ExtractStop::Stalled(
+                    (unchanged.as_secs_f64() * 10.0).floor() / 10.0,
+                ));
+            }
         }
         if let Some(t) = self.ex.unranked_after.filter(|t| elapsed > *t) {
             // Verdicts are recorded late (`poll_due`): the programs sent so far decide.
