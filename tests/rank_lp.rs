@@ -14,10 +14,13 @@ use std::process::Command;
 const PER_EXAMPLE: usize = 120;
 const MAX_POINTS: u64 = 6000;
 
+/// The Llama layer is partitioned as `saturate` decides (more than four products): searched
+/// whole, its first candidate came after 15 s in the release build, and CI's test build
+/// found none in the 30 s.
 fn candidates(example: &Path) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_efopt"))
         .arg(format!(
-            "--passes=saturate{{partition-above=0}},extract{{max-candidates={PER_EXAMPLE} time-limit=30 check-candidates=false}}"
+            "--passes=saturate,extract{{max-candidates={PER_EXAMPLE} time-limit=30 check-candidates=false}}"
         ))
         .arg(example)
         .output()
