@@ -58,6 +58,18 @@ pub fn format_number(v: f64) -> String {
     }
 }
 
+/// A constant or fill of an integer type as an integer (`constant 200`, not `200.0`): the
+/// value is the same, the text is what its author wrote.
+fn format_value(v: f64, annot: Option<&Type>) -> String {
+    let integer =
+        matches!(annot, Some(Type::Tensor(t)) if matches!(t.dtype, DType::I32 | DType::I1));
+    if integer && v.is_finite() && v.fract() == 0.0 && v.abs() < 9.0e15 {
+        format!("{}", v as i64)
+    } else {
+        format_number(v)
+    }
+}
+
 /// Depth beyond which the printer names a sub-expression instead of nesting it further.
 const MAX_INLINE_DEPTH: usize = 48;
 
@@ -155,11 +167,21 @@ impl<'a> BodyPrinter<'a> {
                     // A negative literal is a unary minus: fine everywhere an operand can go.
                     out.push_str(&text);
                 } else {
-                    write!(out, "constant {}", format_number(*v)).ok();
+                    write!(
+                        out,
+                        "constant {}",
+                        format_value(*v, n.annot.as_ref().or(n.ty.as_ref()))
+                    )
+                    .ok();
                 }
             }
             ExprKind::Fill(v) => {
-                write!(out, "fill[{}]", format_number(*v)).ok();
+                write!(
+                    out,
+                    "fill[{}]",
+                    format_value(*v, n.annot.as_ref().or(n.ty.as_ref()))
+                )
+                .ok();
             }
             ExprKind::Iota(d) => {
                 write!(out, "iota[{d}]").ok();
