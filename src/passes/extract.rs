@@ -37,13 +37,7 @@ pub const COMPOSE_TOP: usize = 10;
 pub fn rank_scorer(env: &crate::verify::typing::TypeEnv, dev: &'static Device) -> Scorer {
     let info = crate::verify::ModuleInfo::of_typed_egraph(env);
     std::sync::Arc::new(move |f: &Function| {
-        let plan = crate::lower::plan(&info, f).map_err(|r| {
-            format!(
-                "{} AT {}",
-                r.reason,
-                crate::ir::print::print_expr(&f.body, r.node)
-            )
-        })?;
+        let plan = crate::lower::plan(&info, f).map_err(|r| r.reason)?;
         Ok(crate::rank::estimate(&plan, dev, crate::rank::Solver::Lp).map(|e| e.cost.us))
     })
 }
