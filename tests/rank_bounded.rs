@@ -25,7 +25,8 @@ use std::time::Duration;
 const EXHAUSTIVE_LIMIT: Duration = Duration::from_secs(6);
 
 /// Programs besides the examples: a one-row shape, a literal 1, a transposed operand, a
-/// square weight, two reductions over one input, results that are reshapes (a view of the
+/// square weight, two reductions over one input, two compute-bound ones (where the bound's
+/// tensor-core floor decides; one causally masked), results that are reshapes (a view of the
 /// buffer a kernel writes, so no copy kernel and no second pass over the bytes: the bound
 /// must not count them) and a reshape of an input (copied).
 const EXTRA: &[(&str, &str)] = &[
@@ -77,6 +78,29 @@ const EXTRA: &[(&str, &str)] = &[
 ",
     ),
     (
+        "deep_matmul",
+        "func deep_matmul where M = 1024, N = 8192, K = 4096 {
+  a: tensor<MxK, bf16> = input
+  b: tensor<KxN, bf16> = input
+  return matmul(a, b) acc=f32
+}
+",
+    ),
+    (
+        "causal_weighted_sum",
+        "func causal_weighted_sum where Q = 2048, K = 2048, D = 128 {
+  q: tensor<QxD, bf16> = input
+  k: tensor<KxD, bf16> = input
+  v: tensor<KxD, bf16> = input
+  row: tensor<QxK, i32> = iota[Q]
+  col: tensor<QxK, i32> = iota[K]
+  neg: tensor<f32> = constant -inf
+  s = select(less_equal(col, row), matmul(q, transpose[1,0](k)) acc=f32, neg)
+  return matmul(exp(s - 8.0), v) acc=f32
+}
+",
+    ),
+    (
         "mean_and_max",
         "func mean_and_max where B = 4, H = 128 {
   x: tensor<BxH, f32> = input
@@ -113,6 +137,9 @@ fn rank_bound(g: &TypedEGraph, top: usize, scale: f64, words: f64) -> RankBound 
         launch_us: dev.launch_s * 1e6,
         latency_us: dev.dram_latency_s * 1e6,
         dram_bytes_per_us: dev.dram_bytes_per_s / 1e6,
+        tensor_bf16_flops_per_us: dev.tensor_bf16_flops / 1e6,
+        tensor_tf32_flops_per_us: dev.tensor_tf32_flops / 1e6,
+        tensor_min_rows: dev.tensor_min_rows as f64,
         score: efopt::passes::extract::rank_scorer(&g.egraph.analysis.env, dev),
         max_live_words: efopt::rank::model::max_live_words(dev) / words,
         scale,

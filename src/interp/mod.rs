@@ -286,7 +286,7 @@ fn dtype_of_binary(op: BinaryOp, a: DType, b: DType) -> DType {
     }
 }
 
-fn unary_fn(op: UnaryOp) -> fn(f32) -> f32 {
+pub(crate) fn unary_fn(op: UnaryOp) -> fn(f32) -> f32 {
     match op {
         UnaryOp::Exp => f32::exp,
         UnaryOp::Log => f32::ln,
@@ -303,7 +303,7 @@ fn unary_fn(op: UnaryOp) -> fn(f32) -> f32 {
     }
 }
 
-fn binary_fn(op: BinaryOp) -> fn(f32, f32) -> f32 {
+pub(crate) fn binary_fn(op: BinaryOp) -> fn(f32, f32) -> f32 {
     match op {
         BinaryOp::Add => |x, y| x + y,
         BinaryOp::Subtract => |x, y| x - y,

@@ -10,9 +10,10 @@
 //! The rank model (`crate::rank::model`) prices a function as T = Σ_k (launch + max(t_k /
 //! u_k, latency_k)), where t_k is the largest of a kernel's resource times (DRAM bytes / BW
 //! among them), u_k ≤ 1 its utilisation and latency_k ≥ one DRAM latency. So for any θ,
-//! T ≥ K·launch + max(Σ_k DRAM_k / BW, K·latency) with K the kernels, and each kernel's DRAM
-//! bytes are at least the distinct bytes of every buffer it loads and every buffer it
-//! stores. The bound of a partial program uses that with
+//! T ≥ K·launch + max(Σ_k DRAM_k / BW, Σ_k TC_k, K·latency) with K the kernels and TC_k a
+//! kernel's tensor-core time; each kernel's DRAM bytes are at least the distinct bytes of
+//! every buffer it loads and every buffer it stores. The bound of a partial program uses that
+//! with
 //!
 //! - K ≥ `kernel_lower_bound` and ≥ the longest chain of kernels the resolved classes form
 //!   (`kernel_chain`: the kernels of a chain stay distinct in every completion), at least 1;
@@ -21,7 +22,11 @@
 //!   `slice` or a `select` on positions, as a sliced read or a loop that skips masked tiles
 //!   may load part of a buffer), plus the bytes of each tensor-level value the program already stores (a
 //!   value a kernel computes or a tiled region combines, read by another operator: written
-//!   once, whole).
+//!   once, whole);
+//! - Σ TC ≥ the least tensor-core time of any complete program (`work_floor`: its products
+//!   at full extents, on the masked share a skipping loop must visit). Without it a
+//!   compute-bound program (causal prefill) had a bound of its output's bytes, a sixth of its
+//!   best estimate, and nothing was pruned.
 //!
 //! Apart from the bound, a partial program is pruned when a resolved tile value is larger
 //! than any kernel holds ([`BoundModel::too_large_value`]): such a program has no legal
@@ -36,6 +41,7 @@ use super::canon::{is_compute, is_view, WalkFacts};
 use super::extract_graph::ExtractGraph;
 use super::kernels::reshape_view;
 use super::reach::class_tiled;
+use super::work_floor::{tensor_floor_us, TensorRates};
 use super::{Choice, NONE};
 use crate::egraph::lang::Op;
 use crate::ir::Function;
@@ -55,6 +61,11 @@ pub struct RankBound {
     pub launch_us: f64,
     pub latency_us: f64,
     pub dram_bytes_per_us: f64,
+    /// Tensor-core rates (flops per µs): bf16/f16 operands of one dtype, and others.
+    pub tensor_bf16_flops_per_us: f64,
+    pub tensor_tf32_flops_per_us: f64,
+    /// Rows a tensor-core product multiplies at least (`Device::tensor_min_rows`).
+    pub tensor_min_rows: f64,
     pub score: Scorer,
     /// The most 32-bit values a kernel can keep live under any schedule
     /// (`rank::model::max_live_words`): a program computing a larger tile has no legal
@@ -75,10 +86,12 @@ pub(super) struct BoundModel {
     /// dimensions no parallel axis splits, each padded to a power of two as the backend
     /// pads them (a split dimension counts 1).
     value_words: Vec<f64>,
+    /// The least tensor-core time of every complete program (`work_floor`).
+    tensor_floor_us: f64,
 }
 
 impl BoundModel {
-    pub(super) fn new(x: &ExtractGraph) -> BoundModel {
+    pub(super) fn new(x: &ExtractGraph, rb: &RankBound) -> BoundModel {
         let bindings = &x.g.bindings;
         let class_bytes: Vec<f64> = (0..x.ids.len())
             .map(|c| {
@@ -137,10 +150,16 @@ impl BoundModel {
                     .fold(0.0, f64::max)
             })
             .collect();
+        let rates = TensorRates {
+            bf16: rb.tensor_bf16_flops_per_us,
+            tf32: rb.tensor_tf32_flops_per_us,
+            min_rows: rb.tensor_min_rows,
+        };
         BoundModel {
             class_bytes,
             floor_bytes: floor,
             value_words,
+            tensor_floor_us: tensor_floor_us(x, rates),
         }
     }
 
@@ -305,7 +324,8 @@ impl BoundModel {
             }
         }
         let dram = bytes / rb.dram_bytes_per_us;
-        rb.scale * (kernels * rb.launch_us + dram.max(kernels * rb.latency_us))
+        let busy = dram.max(kernels * rb.latency_us).max(self.tensor_floor_us);
+        rb.scale * (kernels * rb.launch_us + busy)
     }
 }
 

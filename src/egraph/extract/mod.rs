@@ -82,6 +82,7 @@ mod queue;
 mod reach;
 mod search;
 mod validity;
+mod work_floor;
 mod worklist;
 
 pub use bound::{RankBound, Scorer};

@@ -236,7 +236,7 @@ impl<'scope, 'env> Search<'scope, 'env> {
             forced_picks: Vec::new(),
             in_reached: Marks::new(classes),
             n: Counts::default(),
-            bound: ex.rank_bound.as_ref().map(|_| BoundModel::new(x)),
+            bound: ex.rank_bound.as_ref().map(|rb| BoundModel::new(x, rb)),
             pushed_bound: vec![0.0],
             own_bound: 0.0,
             stored: Default::default(),
