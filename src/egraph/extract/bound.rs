@@ -19,10 +19,10 @@
 //!   (`kernel_chain`: the kernels of a chain stay distinct in every completion), at least 1;
 //! - DRAM ≥ the results' bytes (each is stored by some kernel), plus the bytes of the inputs
 //!   every completion reads ([`BoundModel::required_inputs`]; none when the e-graph has a
-//!   `slice` or a `select` on positions, as a sliced read or a loop that skips masked tiles
-//!   may load part of a buffer), plus the bytes of each tensor-level value the program already stores (a
-//!   value a kernel computes or a tiled region combines, read by another operator: written
-//!   once, whole);
+//!   `slice`, which may read part of a buffer, and the share of positions its masks show
+//!   when a loop may skip masked tiles: [`BoundModel::input_share`]), plus the bytes of each
+//!   tensor-level value the program already stores (a value a kernel computes or a tiled
+//!   region combines, read by another operator: written once, whole);
 //! - Σ TC ≥ the least tensor-core time of any complete program (`work_floor`: its products
 //!   at full extents, on the masked share a skipping loop must visit). Without it a
 //!   compute-bound program (causal prefill) had a bound of its output's bytes, a sixth of its
@@ -41,7 +41,7 @@ use super::canon::{is_compute, is_view, WalkFacts};
 use super::extract_graph::ExtractGraph;
 use super::kernels::reshape_view;
 use super::reach::class_tiled;
-use super::work_floor::{tensor_floor_us, TensorRates};
+use super::work_floor::{tensor_floor_us, Masks, TensorRates};
 use super::{Choice, NONE};
 use crate::egraph::lang::Op;
 use crate::ir::Function;
@@ -110,14 +110,15 @@ impl BoundModel {
             .filter(|r| !x.input[**r as usize])
             .map(|r| class_bytes[*r as usize])
             .sum();
-        let partial_reads = Self::partial_reads(x);
-        if !partial_reads {
+        let masks = Masks::of(x);
+        let share = Self::input_share(x, &masks);
+        if share > 0.0 {
             let inputs = Self::required_inputs(x, &roots);
             for (c, ns) in x.nodes.iter().enumerate() {
                 for (n, _) in ns {
                     if let Op::Input(i, _) = &n.op {
                         if *i < 64 && inputs & (1 << i) != 0 {
-                            floor += class_bytes[c];
+                            floor += share * class_bytes[c];
                         }
                     }
                 }
@@ -159,7 +160,7 @@ impl BoundModel {
             class_bytes,
             floor_bytes: floor,
             value_words,
-            tensor_floor_us: tensor_floor_us(x, rates),
+            tensor_floor_us: tensor_floor_us(x, rates, &masks),
         }
     }
 
@@ -215,34 +216,24 @@ impl BoundModel {
         None
     }
 
-    /// Whether some program may read part of a buffer: a `slice`, or a `select` whose
-    /// condition may depend on positions (an `iota`), which a fold loop may turn into
-    /// skipped tiles (`lower::mask`: a mask is a formula of `iota` indices). A select on
-    /// values alone (a repair's `select(v == -inf, 0, v)`) skips nothing.
-    fn partial_reads(x: &ExtractGraph) -> bool {
-        let mut positional = vec![false; x.ids.len()];
-        loop {
-            let mut changed = false;
-            for (c, ns) in x.nodes.iter().enumerate() {
-                if positional[c] {
-                    continue;
-                }
-                if ns.iter().any(|(n, kids)| {
-                    matches!(n.op, Op::Iota(..)) || kids.iter().any(|k| positional[*k as usize])
-                }) {
-                    positional[c] = true;
-                    changed = true;
-                }
-            }
-            if !changed {
-                break;
-            }
+    /// The least share of each input's bytes a program that reads it loads: 0 where a `slice`
+    /// may read part of a buffer; else the least share of positions the masks show
+    /// (`work_floor::Masks`; 1 without masks, 0 where one cannot be evaluated): a loop that
+    /// skips a mask's hidden tiles loads its inputs' tiles on the visited iterations, which
+    /// hold every shown position, and an input indexed by fewer of the mask's dimensions
+    /// loses no more than its share. A select on values (a repair's
+    /// `select(v == -inf, 0, v)`) skips nothing.
+    fn input_share(x: &ExtractGraph, masks: &Masks) -> f64 {
+        let sliced = x
+            .nodes
+            .iter()
+            .flatten()
+            .any(|(n, _)| matches!(n.op, Op::Slice(..)));
+        if sliced {
+            0.0
+        } else {
+            masks.global
         }
-        x.nodes.iter().flatten().any(|(n, kids)| match n.op {
-            Op::Slice(..) => true,
-            Op::Select => kids.first().is_some_and(|k| positional[*k as usize]),
-            _ => false,
-        })
     }
 
     /// The inputs (a bitset by argument position) that every program of the roots reads: the
@@ -336,7 +327,7 @@ mod tests {
     use crate::egraph::runner::Runner;
     use crate::egraph::TypedEGraph;
 
-    fn partial_reads_of(text: &str) -> bool {
+    fn input_share_of(text: &str) -> f64 {
         let mut m = crate::parse::parse_module(text, 0).expect("parses");
         crate::verify::verify_module(&mut m).expect("verifies");
         let mut g = TypedEGraph::from_function(&m.funcs[0], &m.reducers).expect("e-graph");
@@ -344,14 +335,15 @@ mod tests {
             .with_time_limit(std::time::Duration::from_secs(10))
             .run(&mut g, &all_rules());
         let x = ExtractGraph::new(&g).expect("extractable");
-        BoundModel::partial_reads(&x)
+        BoundModel::input_share(&x, &Masks::of(&x))
     }
 
     /// A softmax whose fused fold gets a repair guard (`select(v == -inf, 0, v)`, a select of
     /// values) reads its input whole in every program: the input floor stands. A causal mask
-    /// (a select on `iota` positions) may skip tiles: no floor.
+    /// (a select on `iota` positions) may skip tiles: the floor is the share it shows. A
+    /// slice may read part of a buffer: no floor.
     #[test]
-    fn only_positional_selects_and_slices_withhold_the_input_floor() {
+    fn masks_scale_and_slices_withhold_the_input_floor() {
         let softmax = "func f where R = 4, N = 64 {
   x: tensor<RxN, f32> = input
   m = reduce x axis=N reducer=@max keep_dims
@@ -375,8 +367,9 @@ mod tests {
   return exp(slice[0, 0, 32](x))
 }
 ";
-        assert!(!partial_reads_of(softmax));
-        assert!(partial_reads_of(causal));
-        assert!(partial_reads_of(sliced));
+        assert_eq!(input_share_of(softmax), 1.0);
+        // Of the 32 × 32 positions, 496 lie above the diagonal (and 528 on or below it).
+        assert_eq!(input_share_of(causal), 496.0 / 1024.0);
+        assert_eq!(input_share_of(sliced), 0.0);
     }
 }

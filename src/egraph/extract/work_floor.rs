@@ -48,16 +48,11 @@ const MAX_MASK_ELEMENTS: usize = 1 << 22;
 const MAX_DEPTH: u32 = 48;
 
 /// The least tensor-core time (µs) of any program computing all of `x`'s results.
-pub(super) fn tensor_floor_us(x: &ExtractGraph, rates: TensorRates) -> f64 {
-    let masks = Masks::of(x);
+pub(super) fn tensor_floor_us(x: &ExtractGraph, rates: TensorRates, masks: &Masks) -> f64 {
     if masks.global <= 0.0 {
         return 0.0;
     }
-    let pricing = Pricing {
-        x,
-        rates,
-        masks: &masks,
-    };
+    let pricing = Pricing { x, rates, masks };
     let own: Vec<Vec<f64>> = x
         .nodes
         .iter()
@@ -210,8 +205,8 @@ impl Pricing<'_, '_> {
 /// (`global`), and, for a single two-dimensional mask tiled along the same two axes
 /// wherever it is read, the least fraction of a product's work a loop skipping its tiles
 /// does at any blocks (`pair`).
-struct Masks {
-    global: f64,
+pub(super) struct Masks {
+    pub global: f64,
     pair: Option<PairMask>,
 }
 
@@ -278,7 +273,7 @@ impl Masks {
     /// positions; several masks together show at least 1 − Σ (1 − fraction) (each hides at
     /// most its share, whatever the alignment). `global` is 0 (no floor) where a mask cannot
     /// be evaluated.
-    fn of(x: &ExtractGraph) -> Masks {
+    pub(super) fn of(x: &ExtractGraph) -> Masks {
         let none = Masks {
             global: 0.0,
             pair: None,
@@ -662,7 +657,7 @@ mod tests {
         );
         let x = ExtractGraph::new(&g).expect("extractable");
         let want = 2.0 * 256.0 * 512.0 * 128.0 / RATES.bf16;
-        let got = tensor_floor_us(&x, RATES);
+        let got = tensor_floor_us(&x, RATES, &Masks::of(&x));
         assert!((got - want).abs() < 1e-9 * want, "{got} against {want}");
     }
 
@@ -690,7 +685,7 @@ mod tests {
         let shown = (256.0 * 255.0 / 2.0) / (256.0 * 256.0);
         assert!((masks.global - shown).abs() < 1e-12, "{}", masks.global);
         let full = 2.0 * 2.0 * 256.0 * 256.0 * 64.0 / RATES.tf32;
-        let got = tensor_floor_us(&x, RATES);
+        let got = tensor_floor_us(&x, RATES, &Masks::of(&x));
         assert!(
             got >= shown * full && got < full,
             "{got} outside [{}, {full})",
@@ -709,7 +704,7 @@ mod tests {
         );
         let x = ExtractGraph::new(&masked_scores).expect("extractable");
         let full = 2.0 * 256.0 * 256.0 * 64.0 / RATES.tf32;
-        assert!((tensor_floor_us(&x, RATES) - full).abs() < 1e-12 * full);
+        assert!((tensor_floor_us(&x, RATES, &Masks::of(&x)) - full).abs() < 1e-12 * full);
     }
 
     /// A mask that cannot be evaluated (larger than the limit) withholds the floor.
@@ -727,6 +722,6 @@ mod tests {
 ",
         );
         let x = ExtractGraph::new(&g).expect("extractable");
-        assert_eq!(tensor_floor_us(&x, RATES), 0.0);
+        assert_eq!(tensor_floor_us(&x, RATES, &Masks::of(&x)), 0.0);
     }
 }
