@@ -321,19 +321,25 @@ impl BoundModel {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::egraph::rules::all_rules;
     use crate::egraph::runner::Runner;
     use crate::egraph::TypedEGraph;
 
-    fn input_share_of(text: &str) -> f64 {
+    /// The e-graph of the first function of `text`, saturated with every rule.
+    pub(in crate::egraph::extract) fn saturated(text: &str) -> TypedEGraph {
         let mut m = crate::parse::parse_module(text, 0).expect("parses");
         crate::verify::verify_module(&mut m).expect("verifies");
         let mut g = TypedEGraph::from_function(&m.funcs[0], &m.reducers).expect("e-graph");
         Runner::default()
             .with_time_limit(std::time::Duration::from_secs(10))
             .run(&mut g, &all_rules());
+        g
+    }
+
+    fn input_share_of(text: &str) -> f64 {
+        let g = saturated(text);
         let x = ExtractGraph::new(&g).expect("extractable");
         BoundModel::input_share(&x, &Masks::of(&x))
     }

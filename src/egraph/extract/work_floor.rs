@@ -600,25 +600,13 @@ fn broadcast_to(v: &[f32], from: &[usize], to: &[usize]) -> Option<Vec<f32>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::egraph::rules::all_rules;
-    use crate::egraph::runner::Runner;
-    use crate::egraph::TypedEGraph;
+    use crate::egraph::extract::bound::tests::saturated;
 
     const RATES: TensorRates = TensorRates {
         bf16: 8.0e8,
         tf32: 4.0e8,
         min_rows: 64.0,
     };
-
-    fn saturated(text: &str) -> TypedEGraph {
-        let mut m = crate::parse::parse_module(text, 0).expect("parses");
-        crate::verify::verify_module(&mut m).expect("verifies");
-        let mut g = TypedEGraph::from_function(&m.funcs[0], &m.reducers).expect("e-graph");
-        Runner::default()
-            .with_time_limit(std::time::Duration::from_secs(10))
-            .run(&mut g, &all_rules());
-        g
-    }
 
     /// A causal 64 × 64 mask (2,080 positions shown, 2,016 hidden): at 16 × 16 blocks ten of
     /// the sixteen tiles hold a shown position (and ten a hidden one); one band of 64 rows
