@@ -18,7 +18,7 @@
 //!
 //! Per class, L(c) = min over its e-nodes n of own(n) + max over n's operands k of L(k): the
 //! classes along one path of a program are distinct and each is computed, so every program
-//! of `c` does at least L(c). It is the least fixpoint from 0, a lower bound at every iterate.
+//! of `c` does at least L(c), computed as the fixpoint reached from above (Bellman–Ford).
 //! A product that may run on CUDA cores (a dimension of one element) counts nothing there.
 
 use super::extract_graph::ExtractGraph;
@@ -91,9 +91,11 @@ pub(super) fn tensor_floor_us(x: &ExtractGraph, rates: TensorRates, masks: &Mask
     if !settled {
         return 0.0;
     }
+    // A result without a finite program has no candidate anyway; it sets no floor.
     x.roots
         .iter()
         .map(|r| floor[*r as usize])
+        .filter(|f| f.is_finite())
         .fold(0.0, f64::max)
 }
 
