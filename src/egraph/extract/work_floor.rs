@@ -27,6 +27,7 @@ use crate::egraph::lang::Op;
 use crate::ir::{DType, DimBase, DimRef, ExprKind, ReduceOver, ReducerRef, TensorType, Type};
 use crate::lower::walk::{blocks, Block};
 use crate::partition::dim_size;
+use crate::rank::model::{product_unit, Unit};
 use rustc_hash::FxHashMap;
 use std::collections::BTreeSet;
 use std::rc::Rc;
@@ -191,12 +192,14 @@ impl Pricing<'_, '_> {
         let bindings = &self.x.g.bindings;
         let size = |d: &crate::ir::Dim| dim_size(&d.base, bindings).unwrap_or(1.0).max(1.0);
         let flops = 2.0 * out.shape.iter().map(size).product::<f64>() * size(&a.shape[ra - 1]);
-        let rate = if a.dtype == b.dtype && matches!(a.dtype, DType::BF16 | DType::F16) {
-            self.rates.bf16
-        } else {
-            self.rates.tf32
-        };
+        // The model's own choice of unit (its dtype rule); a dimension of one element was
+        // judged above for every set of whole axes, this sees none.
         let none = BTreeSet::new();
+        let rate = match product_unit(a, b, &none) {
+            Unit::TensorBf16 => self.rates.bf16,
+            Unit::TensorTf32 => self.rates.tf32,
+            _ => return 0.0,
+        };
         let axis = |t: &TensorType, i: usize| blocks(t, &none).swap_remove(i);
         let dims = [axis(a, ra - 2), axis(a, ra - 1), axis(b, rb - 1)];
         flops / rate * self.masks.visited(&dims, self.rates.min_rows)
