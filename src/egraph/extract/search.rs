@@ -1159,3 +1159,70 @@ impl<'scope, 'env> Search<'scope, 'env> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::egraph::extract::bound::tests::saturated;
+    use crate::egraph::extract::RankBound;
+
+    /// A search that has ranked nothing after `unranked_after` stops (for another order to
+    /// be tried) only once the verdicts already sent are in: `poll_due` records a verdict
+    /// late, and a candidate sent before the limit whose estimate has not been recorded is a
+    /// ranked candidate. The search is stepped until one program has been sent, then its
+    /// clock is set past the limit: no timing of the machine decides what is looked at.
+    #[test]
+    fn nothing_ranked_waits_for_the_estimates_already_sent() {
+        let g = saturated(
+            "func f where M = 64, K = 128, N = 256 {\n\
+             a: tensor<MxK, f32> = input\n\
+             w: tensor<KxN, f32> = input\n\
+             y = exp(matmul(a, w))\n\
+             return y\n}\n",
+        );
+        let x = ExtractGraph::new(&g).expect("extractable");
+        let env = &g.egraph.analysis.env;
+        let dev = crate::rank::device::device("h100").expect("a known device");
+        let limit = Duration::from_secs(1);
+        let ex = Extractor::default()
+            .with_max_candidates(usize::MAX)
+            .with_lowerable(crate::passes::extract::lower_check(env))
+            .with_unranked_after(Some(limit))
+            .with_rank_bound(Some(RankBound {
+                top: 10,
+                launch_us: dev.launch_s * 1e6,
+                latency_us: dev.dram_latency_s * 1e6,
+                dram_bytes_per_us: dev.dram_bytes_per_s / 1e6,
+                tensor_bf16_flops_per_us: dev.tensor_bf16_flops / 1e6,
+                tensor_tf32_flops_per_us: dev.tensor_tf32_flops / 1e6,
+                tensor_min_rows: dev.tensor_min_rows as f64,
+                score: crate::passes::extract::rank_scorer(env, dev),
+                max_live_words: crate::rank::model::max_live_words(dev),
+                scale: 1.0,
+            }));
+        std::thread::scope(|scope| {
+            let mut search = Search::new(&ex, &x, scope);
+            let mut facts = WalkFacts::default();
+            let sent = |s: &Search| s.queue.as_ref().map_or(0, |q| q.len());
+            while sent(&search) == 0 {
+                let at = search
+                    .worklist
+                    .pop(false)
+                    .expect("a complete program is found");
+                if let Some(stop) = search.take(at, &mut facts) {
+                    panic!("stopped ({stop:?}) before a program was sent");
+                }
+            }
+            assert!(search.out.best.is_empty(), "the verdict is recorded late");
+            search.start = Instant::now()
+                .checked_sub(limit * 2)
+                .expect("the clock has run two seconds");
+            let stop = search.check_limits();
+            assert!(
+                !matches!(stop, Some(ExtractStop::NothingRanked(_))),
+                "stopped for nothing ranked with a program sent"
+            );
+            assert!(!search.out.best.is_empty(), "the program sent is ranked");
+        });
+    }
+}
