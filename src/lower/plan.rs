@@ -174,7 +174,7 @@ pub fn per_kernel_entry(name: &str) -> Option<(usize, &str)> {
 /// dimensions (2^20), and no GPU has registers for them.
 const MAX_BLOCK: u64 = 1024;
 /// `tl.dot` needs 16 rows, columns and depth.
-const MIN_BLOCK: u64 = 16;
+pub(crate) const MIN_BLOCK: u64 = 16;
 
 impl Schedule {
     /// The schedule a host function uses unless told otherwise: blocks of 16, four warps,

@@ -16,6 +16,8 @@ use crate::rank::device::{device, Device};
 use rayon::prelude::*;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The Triton backend's lowerability test, as the extractor takes it: candidates of an
@@ -290,7 +292,7 @@ pass_options!(ExtractOptions {
     "part-time-limit" => part_time_limit: OptionKind::Float,
         "stop the search of each subgraph a composition calls (`partition`) after this many seconds, keeping the best found; the subgraphs share their seconds, so one that ends early leaves its time to those after it (none gets less than this). Unset while `time-limit` is set, the subgraphs share `time-limit` (none gets less than an even share)";
     "partition-race" => partition_race: OptionKind::Bool,
-        "where a rank-bounded search of a whole function (that `partition-fallback` could split) would run to its time limit, stop it at three quarters of the limit and search the function partitioned for the rest, as the fallback does; both searches' candidates are output (up to twice `top`) for `rank` to order. A partitioned search finds the best tiling of each part in a fraction of a second where the whole search may not reach it (linear attention: 54.49 us whole in 60 s, 13.17 us partitioned)";
+        "search a whole function (that `partition-fallback` could split) partitioned too, as the fallback does, beside its rank-bounded search from the search's first second to the end of the limit (the whole search stops at three quarters of it); where the whole search does not prove its top K, both searches' candidates are output (up to twice `top`) for `rank` to order, and where it does, the partitioned search is stopped. A partitioned search finds the best tiling of each part in a fraction of a second where the whole search may not reach it (linear attention: 54.49 us whole in 60 s, 13.17 us partitioned)";
     "stall-limit" => stall_limit: OptionKind::Float,
         "stop a rank-bounded search once it has ranked a candidate and its best `top` have not changed for this many seconds, nor for as long as the search had run when they last changed (0: off, search to `time-limit` or the proof). Where the bound cannot prove the best (causal prefill: tensor-core work and masked tiles are not in it), the search finds them in its first seconds and the rest of the time limit finds nothing better; a stalled search is not a proof (a remark says so), and `partition-race` still runs after it";
     "partition-fallback" => partition_fallback: OptionKind::Bool,
@@ -322,6 +324,9 @@ pub struct ExtractPass {
     /// What the output's memory limit reads: the process's resident size. (A test gives it
     /// another, to stop the output where it chooses.)
     resident_mib: fn() -> Option<usize>,
+    /// Set by the whole search a partitioned search races: its searches stop
+    /// (`ExtractStop::Cancelled`) when the whole search has made them unneeded.
+    cancel: Option<Arc<AtomicBool>>,
 }
 
 impl NamedPass for ExtractPass {
@@ -375,6 +380,7 @@ impl NamedPass for ExtractPass {
             partition_race: o.partition_race,
             stall_limit: (o.stall_limit.0 > 0.0).then(|| o.stall_limit.duration()),
             resident_mib: crate::egraph::extract::resident_mib,
+            cancel: None,
         }
     }
 }
@@ -625,7 +631,8 @@ impl Pass for ExtractPass {
             .with_time_limit(self.time_limit.duration())
             .with_memory_limit(self.max_memory)
             .with_max_kernels(self.max_kernels)
-            .with_no_pointwise_kernels(self.no_pointwise_kernels);
+            .with_no_pointwise_kernels(self.no_pointwise_kernels)
+            .with_cancel(self.cancel.clone());
         let mut funcs = Vec::new();
         let mut per_graph = Vec::new();
         let mut errors = Vec::new();
@@ -759,7 +766,82 @@ impl Pass for ExtractPass {
                 extractor = extractor.with_unranked_after(Some(whole_limit / 3));
             }
             let started = Instant::now();
-            let mut report = extractor.run(&x);
+            let ranked = |r: &crate::egraph::extract::ExtractReport| {
+                r.candidates.iter().any(|c| c.estimate.is_some())
+            };
+            // The race: a partitioned search runs beside the whole search once that has
+            // gone on for `RACE_DELAY` (a whole search proving its best sooner has the
+            // machine to itself), and stops as soon as the whole search ends unless that
+            // ran to its limit with ranked candidates: then both searches' candidates are
+            // output. (MHA prefill: the whole search stalls at 4.8 s, the partitioned one
+            // needs 5 s more; one after the other they took 10 s.)
+            let cancel = Arc::new(AtomicBool::new(false));
+            let whole_done = (std::sync::Mutex::new(false), std::sync::Condvar::new());
+            let (reducers, this) = (&module.reducers, &*self);
+            let mut whole_stopped = Duration::ZERO;
+            let (mut report, beside) = std::thread::scope(|scope| {
+                let racer = split.clone().filter(|_| race).map(|p| {
+                    let (cancel, whole_done) = (cancel.clone(), &whole_done);
+                    let mut sources = cx.sources.clone();
+                    let (original, seed, progress) = (cx.original, cx.seed, cx.progress);
+                    let base_dir = cx.base_dir.clone();
+                    scope.spawn(move || {
+                        let (lock, cv) = whole_done;
+                        let done = lock.lock().unwrap_or_else(|e| e.into_inner());
+                        let (done, _) = cv
+                            .wait_timeout_while(done, RACE_DELAY, |d| !*d)
+                            .unwrap_or_else(|e| e.into_inner());
+                        if *done {
+                            return None;
+                        }
+                        drop(done);
+                        let share = floor_tenths(limit.saturating_sub(started.elapsed()));
+                        let mut parts = BTreeMap::new();
+                        let mut rcx = PassContext {
+                            sources: &mut sources,
+                            original,
+                            seed,
+                            base_dir,
+                            report: Vec::new(),
+                            diagnostics: Vec::new(),
+                            counters: BTreeMap::new(),
+                            emitted: None,
+                            progress,
+                            parts: &mut parts,
+                        };
+                        let pass = ExtractPass {
+                            cancel: Some(cancel),
+                            ..this.clone()
+                        };
+                        let at = floor_tenths(started.elapsed());
+                        let fs = pass.search_split(p, "partition race", reducers, share, &mut rcx);
+                        Some(RaceBeside {
+                            functions: fs,
+                            report: rcx.report,
+                            diagnostics: rcx.diagnostics,
+                            at,
+                            share,
+                        })
+                    })
+                });
+                let report = extractor.run(&x);
+                whole_stopped = started.elapsed();
+                let keep = ranked(&report)
+                    && matches!(
+                        report.stop,
+                        crate::egraph::extract::ExtractStop::TimeLimit(_)
+                            | crate::egraph::extract::ExtractStop::Stalled(_)
+                    );
+                if !keep {
+                    cancel.store(true, Ordering::Relaxed);
+                }
+                *whole_done.0.lock().unwrap_or_else(|e| e.into_inner()) = true;
+                whole_done.1.notify_all();
+                let beside = racer
+                    .and_then(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+                    .filter(|_| keep);
+                (report, beside)
+            });
             // A rank-bounded search that ranks nothing (no candidate with a legal schedule, by
             // a third of its time or exhausted) gives the time left to other searches in turn,
             // each an equal share of what is left, until one ranks a candidate:
@@ -768,9 +850,6 @@ impl Pass for ExtractPass {
             //   another program reads inside a kernel;
             // - walk order (most constrained hole first can dive into programs that hold
             //   whole large tiles: differential attention).
-            let ranked = |r: &crate::egraph::extract::ExtractReport| {
-                r.candidates.iter().any(|c| c.estimate.is_some())
-            };
             let unranked_at = match report.stop {
                 crate::egraph::extract::ExtractStop::NothingRanked(s) => Some(s),
                 _ => None,
@@ -937,9 +1016,29 @@ impl Pass for ExtractPass {
             // The race: a whole search that ran to its limit with ranked candidates leaves
             // the rest of the limit to the partitioned search, whose candidates join its own.
             let mut raced: Option<Vec<Function>> = None;
-            // (Not after the every-grid search replaced a proven top K: its time was spent
-            // there.)
-            if race
+            if let Some(b) = beside {
+                cx.diagnostics.push(Diagnostic::global(
+                    Severity::Remark,
+                    format!(
+                        "extract @{}: the whole search stopped at {} s without proving its top {top}: a partitioned search ran beside it from {} s for up to {} s (`partition-race`)",
+                        g.name,
+                        match report.stop {
+                            crate::egraph::extract::ExtractStop::Stalled(_) =>
+                                floor_tenths(whole_stopped).as_secs_f64(),
+                            _ => whole_limit.as_secs_f64(),
+                        },
+                        b.at.as_secs_f64(),
+                        b.share.as_secs_f64()
+                    ),
+                ));
+                cx.report.extend(b.report);
+                cx.diagnostics.extend(b.diagnostics);
+                raced = b.functions;
+            }
+            // The whole search ended before the partitioned one started: it runs now, in the
+            // time left. (Not after the every-grid search replaced a proven top K: its time
+            // was spent there.)
+            else if race
                 && !retried
                 && composed.is_none()
                 && ranked(&report)
@@ -955,7 +1054,7 @@ impl Pass for ExtractPass {
                     cx.diagnostics.push(Diagnostic::global(
                         Severity::Remark,
                         format!(
-                            "extract @{}: the whole search stopped at {} s without proving its top {top}: searching partitioned for {:.1} s (`partition-race`)",
+                            "extract @{}: the whole search stopped at {} s without proving its top {top}: searching partitioned for up to {:.1} s (`partition-race`)",
                             g.name,
                             match report.stop {
                                 crate::egraph::extract::ExtractStop::Stalled(_) =>
@@ -1214,6 +1313,19 @@ impl Pass for ExtractPass {
         module.funcs = funcs;
         Ok(())
     }
+}
+
+/// How long a whole search runs alone before a partitioned search races it.
+const RACE_DELAY: Duration = Duration::from_secs(1);
+
+/// What the partitioned search racing a whole search gave (`RACE_DELAY`): its composed
+/// candidates, its report lines and remarks, when it started and its time limit.
+struct RaceBeside {
+    functions: Option<Vec<Function>>,
+    report: Vec<String>,
+    diagnostics: Vec<Diagnostic>,
+    at: Duration,
+    share: Duration,
 }
 
 /// The shortest time limit a race splits: below it the partitioned search's quarter is too

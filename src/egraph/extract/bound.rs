@@ -86,6 +86,10 @@ pub(super) struct BoundModel {
     /// dimensions no parallel axis splits, each padded to a power of two as the backend
     /// pads them (a split dimension counts 1).
     value_words: Vec<f64>,
+    /// As `value_words` for a tile a matrix product reads or computes: its last two
+    /// dimensions, where split, are `tl.dot` axes, whose blocks are at least 16
+    /// (`lower::plan`'s schedule space) in every schedule.
+    dot_words: Vec<f64>,
     /// The least tensor-core time of every complete program (`work_floor`).
     tensor_floor_us: f64,
 }
@@ -124,33 +128,49 @@ impl BoundModel {
                 }
             }
         }
-        let value_words = (0..x.ids.len())
-            .map(|c| {
-                if !class_tiled(x, c as u32) {
-                    return 0.0;
-                }
-                let t = x.g.egraph[x.ids[c]].data.as_ref();
-                let Ok((fields, _)) = crate::lower::walk::field_types(t) else {
-                    return 0.0;
-                };
-                let none = std::collections::BTreeSet::new();
-                fields
-                    .iter()
-                    .map(|t| {
-                        crate::lower::walk::blocks(t, &none)
-                            .iter()
-                            .map(|b| match b {
-                                crate::lower::walk::Block::Whole(d) => {
-                                    let n = crate::partition::dim_size(d, bindings).unwrap_or(1.0);
-                                    (n.max(1.0) as u64).next_power_of_two() as f64
-                                }
-                                _ => 1.0,
-                            })
-                            .product::<f64>()
-                    })
-                    .fold(0.0, f64::max)
-            })
-            .collect();
+        // Each tiled class's fewest elements, a split dimension counting `split_block(i, n)`
+        // (dimension i of n).
+        let words = |split_block: &dyn Fn(usize, usize) -> f64| -> Vec<f64> {
+            (0..x.ids.len())
+                .map(|c| {
+                    if !class_tiled(x, c as u32) {
+                        return 0.0;
+                    }
+                    let t = x.g.egraph[x.ids[c]].data.as_ref();
+                    let Ok((fields, _)) = crate::lower::walk::field_types(t) else {
+                        return 0.0;
+                    };
+                    let none = std::collections::BTreeSet::new();
+                    fields
+                        .iter()
+                        .map(|t| {
+                            let bs = crate::lower::walk::blocks(t, &none);
+                            let n = bs.len();
+                            bs.iter()
+                                .enumerate()
+                                .map(|(i, b)| match b {
+                                    crate::lower::walk::Block::Whole(d) => {
+                                        let n =
+                                            crate::partition::dim_size(d, bindings).unwrap_or(1.0);
+                                        (n.max(1.0) as u64).next_power_of_two() as f64
+                                    }
+                                    crate::lower::walk::Block::Split(_) => split_block(i, n),
+                                    crate::lower::walk::Block::One => 1.0,
+                                })
+                                .product::<f64>()
+                        })
+                        .fold(0.0, f64::max)
+                })
+                .collect()
+        };
+        let value_words = words(&|_, _| 1.0);
+        let dot_words = words(&|i, n| {
+            if i + 2 >= n {
+                crate::lower::plan::MIN_BLOCK as f64
+            } else {
+                1.0
+            }
+        });
         let rates = TensorRates {
             bf16: rb.tensor_bf16_flops_per_us,
             tf32: rb.tensor_tf32_flops_per_us,
@@ -160,6 +180,7 @@ impl BoundModel {
             class_bytes,
             floor_bytes: floor,
             value_words,
+            dot_words,
             tensor_floor_us: tensor_floor_us(x, rates, &masks),
         }
     }
@@ -199,6 +220,14 @@ impl BoundModel {
             if too_large(c) {
                 return Some(c);
             }
+            // A product's result and operands are `tl.dot` tiles.
+            let product = matches!(node.op, Op::TileMatMul(_));
+            let too_large_dot = |c: u32| {
+                product && self.dot_words[c as usize] > rb.max_live_words && !x.constant[c as usize]
+            };
+            if too_large_dot(c) {
+                return Some(c);
+            }
             for &k in kids {
                 let kp = choice[k as usize];
                 if kp == NONE {
@@ -208,7 +237,7 @@ impl BoundModel {
                     x.nodes[k as usize][kp as usize].0.op,
                     Op::Partition(..) | Op::Replicate(_) | Op::Transpose(_) | Op::Reshape(_)
                 );
-                if loaded && too_large(k) {
+                if loaded && (too_large(k) || too_large_dot(k)) {
                     return Some(k);
                 }
             }
@@ -336,6 +365,84 @@ pub(super) mod tests {
             .with_time_limit(std::time::Duration::from_secs(10))
             .run(&mut g, &all_rules());
         g
+    }
+
+    /// The rank bound on an H100, top `top`, scored by the rank model.
+    pub(in crate::egraph::extract) fn h100_bound(g: &TypedEGraph, top: usize) -> RankBound {
+        let env = &g.egraph.analysis.env;
+        let dev = crate::rank::device::device("h100").expect("a known device");
+        RankBound {
+            top,
+            launch_us: dev.launch_s * 1e6,
+            latency_us: dev.dram_latency_s * 1e6,
+            dram_bytes_per_us: dev.dram_bytes_per_s / 1e6,
+            tensor_bf16_flops_per_us: dev.tensor_bf16_flops / 1e6,
+            tensor_tf32_flops_per_us: dev.tensor_tf32_flops / 1e6,
+            tensor_min_rows: dev.tensor_min_rows as f64,
+            score: crate::passes::extract::rank_scorer(env, dev),
+            max_live_words: crate::rank::model::max_live_words(dev),
+            scale: 1.0,
+        }
+    }
+
+    /// A batched product's operand tile whose contraction dimension is whole (8 × 512 × a
+    /// block of the split output axis) fits only at one-element blocks; the output axis is a
+    /// `tl.dot` axis, whose blocks are at least 16, so no schedule holds it: a program that
+    /// loads it is pruned as soon as the product and the load are picked. Each product in
+    /// the e-graph, with its operands picked as loads, is pruned exactly when some tile
+    /// counted with `tl.dot` blocks of 16 is too large — and one such (the case that was
+    /// missed, counting those blocks as 1) and one that fits are among them.
+    #[test]
+    fn a_product_operand_too_large_at_dot_blocks_is_pruned() {
+        let g = saturated(
+            "func f where B = 12, H = 512, E = 8, F = 256 {
+  x: tensor<BxH, bf16> = input
+  w: tensor<ExHxF, bf16> = input
+  return matmul(x, w) acc=f32
+}
+",
+        );
+        let x = ExtractGraph::new(&g).expect("extractable");
+        let rb = h100_bound(&g, 1);
+        let b = BoundModel::new(&x, &rb);
+        let max = rb.max_live_words;
+        let (mut pruned, mut kept, mut missed_before) = (0, 0, 0);
+        for (c, ns) in x.nodes.iter().enumerate() {
+            for (p, (n, kids)) in ns.iter().enumerate() {
+                if !matches!(n.op, Op::TileMatMul(_)) {
+                    continue;
+                }
+                let mut choice = vec![NONE; x.ids.len()];
+                choice[c] = p as u32;
+                let mut met = vec![c as u32];
+                for &k in kids {
+                    let load = x.nodes[k as usize]
+                        .iter()
+                        .position(|(kn, _)| matches!(kn.op, Op::Partition(..) | Op::Replicate(_)));
+                    if let Some(l) = load {
+                        choice[k as usize] = l as u32;
+                        met.push(k);
+                    }
+                }
+                let words = |w: &[f64]| met.iter().map(|&k| w[k as usize]).fold(0.0, f64::max);
+                let large = words(&b.dot_words) > max || words(&b.value_words) > max;
+                let got = b.too_large_value(&rb, &x, &choice, &met);
+                assert_eq!(got.is_some(), large, "product e-node {p} of class {c}");
+                if large {
+                    pruned += 1;
+                    if words(&b.value_words) <= max {
+                        missed_before += 1;
+                    }
+                } else {
+                    kept += 1;
+                }
+            }
+        }
+        assert!(missed_before > 0, "no product the old count missed");
+        assert!(
+            pruned >= missed_before && kept > 0,
+            "{pruned} pruned, {kept} kept"
+        );
     }
 
     fn input_share_of(text: &str) -> f64 {

@@ -128,6 +128,9 @@ pub enum ExtractStop {
     /// Rank-bounded extraction's best `top` had not changed for this many seconds
     /// (`Extractor::stall_limit`): they are the best found, not proven the best.
     Stalled(f64),
+    /// Another search made this one's answer unneeded (`Extractor::cancel`): the partitioned
+    /// search racing a whole search that proved its best.
+    Cancelled,
 }
 
 impl ExtractStop {
@@ -150,6 +153,7 @@ impl std::fmt::Display for ExtractStop {
                 write!(f, "no candidate with a legal schedule after {s} s")
             }
             ExtractStop::Stalled(s) => write!(f, "best unchanged for {s} s (stall limit)"),
+            ExtractStop::Cancelled => f.write_str("cancelled"),
         }
     }
 }
@@ -370,6 +374,8 @@ pub struct Extractor {
     /// bound cannot prove the best (masked prefill), the search found them in its first
     /// seconds and spends the rest of its time limit finding nothing better.
     pub stall_limit: Option<Duration>,
+    /// Stops the search (`ExtractStop::Cancelled`) once set, looked at with the limits.
+    pub cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
     /// Check a child for dead components and for computing a value twice where its new picks
     /// decide it, before it is pushed, so that it is never walked (`computes_twice_directly`,
     /// `unreachable_from_holes`): the same states pruned earlier. On by default; off only to
@@ -449,6 +455,7 @@ impl Default for Extractor {
             rank_bound: None,
             unranked_after: None,
             stall_limit: None,
+            cancel: None,
         }
     }
 }
@@ -471,6 +478,14 @@ impl Extractor {
 
     pub fn with_unranked_after(mut self, d: Option<Duration>) -> Self {
         self.unranked_after = d;
+        self
+    }
+
+    pub fn with_cancel(
+        mut self,
+        flag: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    ) -> Self {
+        self.cancel = flag;
         self
     }
 

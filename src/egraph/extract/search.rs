@@ -326,6 +326,11 @@ impl<'scope, 'env> Search<'scope, 'env> {
         if elapsed > self.ex.time_limit {
             return Some(ExtractStop::TimeLimit(self.ex.time_limit.as_secs_f64()));
         }
+        if let Some(flag) = &self.ex.cancel {
+            if flag.load(std::sync::atomic::Ordering::Relaxed) {
+                return Some(ExtractStop::Cancelled);
+            }
+        }
         // A rank-bounded search whose best have not changed for the stall limit, and for as
         // long again as it took to find them, gives up on proving them (`stall_limit`).
         if let Some(stall) = self.ex.stall_limit.filter(|_| self.ex.rank_bound.is_some()) {
@@ -1163,8 +1168,7 @@ impl<'scope, 'env> Search<'scope, 'env> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::egraph::extract::bound::tests::saturated;
-    use crate::egraph::extract::RankBound;
+    use crate::egraph::extract::bound::tests::{h100_bound, saturated};
 
     /// A search that has ranked nothing after `unranked_after` stops (for another order to
     /// be tried) only once the verdicts already sent are in: `poll_due` records a verdict
@@ -1182,24 +1186,12 @@ mod tests {
         );
         let x = ExtractGraph::new(&g).expect("extractable");
         let env = &g.egraph.analysis.env;
-        let dev = crate::rank::device::device("h100").expect("a known device");
         let limit = Duration::from_secs(1);
         let ex = Extractor::default()
             .with_max_candidates(usize::MAX)
             .with_lowerable(crate::passes::extract::lower_check(env))
             .with_unranked_after(Some(limit))
-            .with_rank_bound(Some(RankBound {
-                top: 10,
-                launch_us: dev.launch_s * 1e6,
-                latency_us: dev.dram_latency_s * 1e6,
-                dram_bytes_per_us: dev.dram_bytes_per_s / 1e6,
-                tensor_bf16_flops_per_us: dev.tensor_bf16_flops / 1e6,
-                tensor_tf32_flops_per_us: dev.tensor_tf32_flops / 1e6,
-                tensor_min_rows: dev.tensor_min_rows as f64,
-                score: crate::passes::extract::rank_scorer(env, dev),
-                max_live_words: crate::rank::model::max_live_words(dev),
-                scale: 1.0,
-            }));
+            .with_rank_bound(Some(h100_bound(&g, 10)));
         std::thread::scope(|scope| {
             let mut search = Search::new(&ex, &x, scope);
             let mut facts = WalkFacts::default();
