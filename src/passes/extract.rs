@@ -775,73 +775,39 @@ impl Pass for ExtractPass {
             // ran to its limit with ranked candidates: then both searches' candidates are
             // output. (MHA prefill: the whole search stalls at 4.8 s, the partitioned one
             // needs 5 s more; one after the other they took 10 s.)
-            let cancel = Arc::new(AtomicBool::new(false));
-            let whole_done = (std::sync::Mutex::new(false), std::sync::Condvar::new());
-            let (reducers, this) = (&module.reducers, &*self);
-            let mut whole_stopped = Duration::ZERO;
-            let (mut report, beside) = std::thread::scope(|scope| {
-                let racer = split.clone().filter(|_| race).map(|p| {
-                    let (cancel, whole_done) = (cancel.clone(), &whole_done);
-                    let mut sources = cx.sources.clone();
-                    let (original, seed, progress) = (cx.original, cx.seed, cx.progress);
-                    let base_dir = cx.base_dir.clone();
-                    scope.spawn(move || {
-                        let (lock, cv) = whole_done;
-                        let done = lock.lock().unwrap_or_else(|e| e.into_inner());
-                        let (done, _) = cv
-                            .wait_timeout_while(done, RACE_DELAY, |d| !*d)
-                            .unwrap_or_else(|e| e.into_inner());
-                        if *done {
-                            return None;
-                        }
-                        drop(done);
-                        let share = floor_tenths(limit.saturating_sub(started.elapsed()));
-                        let mut parts = BTreeMap::new();
-                        let mut rcx = PassContext {
-                            sources: &mut sources,
-                            original,
-                            seed,
-                            base_dir,
-                            report: Vec::new(),
-                            diagnostics: Vec::new(),
-                            counters: BTreeMap::new(),
-                            emitted: None,
-                            progress,
-                            parts: &mut parts,
-                        };
-                        let pass = ExtractPass {
-                            cancel: Some(cancel),
-                            ..this.clone()
-                        };
-                        let at = floor_tenths(started.elapsed());
-                        let fs = pass.search_split(p, "partition race", reducers, share, &mut rcx);
-                        Some(RaceBeside {
-                            functions: fs,
-                            report: rcx.report,
-                            diagnostics: rcx.diagnostics,
-                            at,
-                            share,
-                        })
-                    })
-                });
-                let report = extractor.run(&x);
-                whole_stopped = started.elapsed();
-                let keep = ranked(&report)
-                    && matches!(
-                        report.stop,
-                        crate::egraph::extract::ExtractStop::TimeLimit(_)
-                            | crate::egraph::extract::ExtractStop::Stalled(_)
-                    );
-                if !keep {
-                    cancel.store(true, Ordering::Relaxed);
+            let racer = split
+                .clone()
+                .filter(|_| race)
+                .map(|p| Racer::spawn(self, p, &module.reducers, cx, started, limit));
+            let mut report = extractor.run(&x);
+            let whole_stopped = started.elapsed();
+            let keep = ranked(&report)
+                && matches!(
+                    report.stop,
+                    crate::egraph::extract::ExtractStop::TimeLimit(_)
+                        | crate::egraph::extract::ExtractStop::Stalled(_)
+                );
+            // A whole search that ranks nothing falls back to other searches, the last of
+            // them partitioned: the partitioned search beside it goes on meanwhile and is
+            // that one's answer.
+            let unranked = !ranked(&report)
+                && matches!(
+                    report.stop,
+                    crate::egraph::extract::ExtractStop::NothingRanked(_)
+                        | crate::egraph::extract::ExtractStop::Exhausted
+                );
+            let (beside, mut in_hand) = match racer {
+                Some(r) if keep => (r.finish(false), None),
+                Some(r) if unranked => {
+                    r.start_now();
+                    (None, Some(r))
                 }
-                *whole_done.0.lock().unwrap_or_else(|e| e.into_inner()) = true;
-                whole_done.1.notify_all();
-                let beside = racer
-                    .and_then(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
-                    .filter(|_| keep);
-                (report, beside)
-            });
+                Some(r) => {
+                    r.finish(true);
+                    (None, None)
+                }
+                None => (None, None),
+            };
             // A rank-bounded search that ranks nothing (no candidate with a legal schedule, by
             // a third of its time or exhausted) gives the time left to other searches in turn,
             // each an equal share of what is left, until one ranks a candidate:
@@ -874,6 +840,11 @@ impl Pass for ExtractPass {
                 let mut split = split.clone();
                 let n = steps.len();
                 for (i, step) in steps.into_iter().enumerate() {
+                    // The partitioned search beside the whole one is this step: its
+                    // answer is taken below.
+                    if step == Fallback::Partitioned && in_hand.is_some() {
+                        break;
+                    }
                     let left = limit.saturating_sub(started.elapsed()) / (n - i) as u32;
                     let share = Duration::from_secs_f64((left.as_secs_f64() * 10.0).round() / 10.0);
                     if share < Duration::from_millis(100) {
@@ -940,6 +911,36 @@ impl Pass for ExtractPass {
                             }
                         }
                     }
+                }
+            }
+            if let Some(r) = in_hand.take() {
+                if ranked(&report) {
+                    r.finish(true);
+                } else if let Some(b) = r.finish(false) {
+                    // Started beside the whole search, or when it ended (before the race's
+                    // delay) as the fallback's.
+                    let how = if !b.asked {
+                        format!(
+                            "the partitioned search that ran beside the whole search from {} s answers (`partition-race`)",
+                            b.at.as_secs_f64()
+                        )
+                    } else {
+                        format!(
+                            "searching {} for {:.1} s",
+                            Fallback::Partitioned.what(),
+                            b.share.as_secs_f64()
+                        )
+                    };
+                    cx.diagnostics.push(Diagnostic::global(
+                        Severity::Remark,
+                        format!(
+                            "extract @{}: no candidate with a legal schedule ({} states): {how}",
+                            g.name, report.expanded,
+                        ),
+                    ));
+                    cx.report.extend(b.report);
+                    cx.diagnostics.extend(b.diagnostics);
+                    composed = b.functions;
                 }
             }
             // Under `stored-grids=auto`, a search that proved its top K proved it only among
@@ -1326,6 +1327,120 @@ struct RaceBeside {
     diagnostics: Vec<Diagnostic>,
     at: Duration,
     share: Duration,
+    /// Started when the whole search asked for it (ranking nothing), not beside it.
+    asked: bool,
+}
+
+/// The partitioned search racing a whole search, on its own thread: it starts once the
+/// whole search has run for `RACE_DELAY`, or when told to start now, never once told the
+/// whole search is done first; it runs to the end of the limit, its own stall, or its cancel
+/// flag.
+struct Racer {
+    handle: std::thread::JoinHandle<Option<RaceBeside>>,
+    cancel: Arc<AtomicBool>,
+    signal: Arc<(std::sync::Mutex<RaceSignal>, std::sync::Condvar)>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum RaceSignal {
+    Wait,
+    StartNow,
+    WholeDone,
+}
+
+impl Racer {
+    fn spawn(
+        pass: &ExtractPass,
+        p: super::partition::Partitioned,
+        reducers: &[crate::ir::ReducerDef],
+        cx: &PassContext,
+        started: Instant,
+        limit: Duration,
+    ) -> Racer {
+        let cancel = Arc::new(AtomicBool::new(false));
+        let signal = Arc::new((
+            std::sync::Mutex::new(RaceSignal::Wait),
+            std::sync::Condvar::new(),
+        ));
+        let pass = ExtractPass {
+            cancel: Some(cancel.clone()),
+            ..pass.clone()
+        };
+        let reducers = reducers.to_vec();
+        // The thread owns what it reads: the pass goes on while it runs.
+        let (mut sources, original) = (cx.sources.clone(), cx.original.clone());
+        let (seed, progress, base_dir) = (cx.seed, cx.progress, cx.base_dir.clone());
+        let told = signal.clone();
+        let handle = std::thread::spawn(move || {
+            let (lock, cv) = &*told;
+            let guard = lock.lock().unwrap_or_else(|e| e.into_inner());
+            let (guard, _) = cv
+                .wait_timeout_while(guard, RACE_DELAY, |s| *s == RaceSignal::Wait)
+                .unwrap_or_else(|e| e.into_inner());
+            if *guard == RaceSignal::WholeDone {
+                return None;
+            }
+            let asked = *guard == RaceSignal::StartNow;
+            drop(guard);
+            let share = floor_tenths(limit.saturating_sub(started.elapsed()));
+            let mut parts = BTreeMap::new();
+            let mut rcx = PassContext {
+                sources: &mut sources,
+                original: &original,
+                seed,
+                base_dir,
+                report: Vec::new(),
+                diagnostics: Vec::new(),
+                counters: BTreeMap::new(),
+                emitted: None,
+                progress,
+                parts: &mut parts,
+            };
+            let at = floor_tenths(started.elapsed());
+            let functions = pass.search_split(p, "partition race", &reducers, share, &mut rcx);
+            Some(RaceBeside {
+                functions,
+                report: rcx.report,
+                diagnostics: rcx.diagnostics,
+                at,
+                share,
+                asked,
+            })
+        });
+        Racer {
+            handle,
+            cancel,
+            signal,
+        }
+    }
+
+    /// Tells the thread, unless it has started (or been told) already.
+    fn tell(&self, s: RaceSignal) {
+        let mut state = self.signal.0.lock().unwrap_or_else(|e| e.into_inner());
+        if *state == RaceSignal::Wait {
+            *state = s;
+        }
+        self.signal.1.notify_all();
+    }
+
+    /// Its answer is wanted (the fallback's partitioned search): it starts now if it has
+    /// not.
+    fn start_now(&self) {
+        self.tell(RaceSignal::StartNow);
+    }
+
+    /// Its answer (`None` if it never started); `cancel` stops it first, for an answer
+    /// that is dropped.
+    fn finish(self, cancel: bool) -> Option<RaceBeside> {
+        if cancel {
+            self.cancel.store(true, Ordering::Relaxed);
+        }
+        // The whole search has ended: a race not yet started never starts.
+        self.tell(RaceSignal::WholeDone);
+        self.handle
+            .join()
+            .unwrap_or_else(|e| std::panic::resume_unwind(e))
+    }
 }
 
 /// The shortest time limit a race splits: below it the partitioned search's quarter is too

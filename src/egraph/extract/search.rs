@@ -1217,4 +1217,29 @@ mod tests {
             assert!(!search.out.best.is_empty(), "the program sent is ranked");
         });
     }
+
+    /// A search whose cancel flag is set stops at its next look at the limits, saying so:
+    /// the partition race's search, once the whole search it races has proved its best.
+    #[test]
+    fn a_cancelled_search_stops_and_says_so() {
+        let g = saturated(
+            "func f where M = 64, K = 128, N = 256 {\n\
+             a: tensor<MxK, f32> = input\n\
+             w: tensor<KxN, f32> = input\n\
+             return exp(matmul(a, w))\n}\n",
+        );
+        let x = ExtractGraph::new(&g).expect("extractable");
+        let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let ex = Extractor::default().with_cancel(Some(flag.clone()));
+        let free = ex.run(&x);
+        assert_ne!(free.stop, ExtractStop::Cancelled);
+        assert!(!free.candidates.is_empty());
+        flag.store(true, std::sync::atomic::Ordering::Relaxed);
+        let cancelled = ex.run(&x);
+        assert_eq!(cancelled.stop, ExtractStop::Cancelled);
+        assert!(
+            cancelled.candidates.is_empty(),
+            "stopped before any candidate"
+        );
+    }
 }
