@@ -132,17 +132,11 @@ fn saturated_example(name: &str) -> TypedEGraph {
 /// but for the mutations the test catches.
 fn rank_bound(g: &TypedEGraph, top: usize, scale: f64, words: f64) -> RankBound {
     let dev = device("h100").unwrap();
+    let rb = efopt::passes::extract::rank_bound_on(&g.egraph.analysis.env, dev, top);
     RankBound {
-        top,
-        launch_us: dev.launch_s * 1e6,
-        latency_us: dev.dram_latency_s * 1e6,
-        dram_bytes_per_us: dev.dram_bytes_per_s / 1e6,
-        tensor_bf16_flops_per_us: dev.tensor_bf16_flops / 1e6,
-        tensor_tf32_flops_per_us: dev.tensor_tf32_flops / 1e6,
-        tensor_min_rows: dev.tensor_min_rows as f64,
-        score: efopt::passes::extract::rank_scorer(&g.egraph.analysis.env, dev),
-        max_live_words: efopt::rank::model::max_live_words(dev) / words,
+        max_live_words: rb.max_live_words / words,
         scale,
+        ..rb
     }
 }
 

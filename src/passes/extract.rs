@@ -44,6 +44,27 @@ pub fn rank_scorer(env: &crate::verify::typing::TypeEnv, dev: &'static Device) -
     })
 }
 
+/// Rank-bounded extraction's bound on `dev` for the best `top`, scored by the rank model
+/// (`rank_scorer`).
+pub fn rank_bound_on(
+    env: &crate::verify::typing::TypeEnv,
+    dev: &'static Device,
+    top: usize,
+) -> RankBound {
+    RankBound {
+        top,
+        launch_us: dev.launch_s * 1e6,
+        latency_us: dev.dram_latency_s * 1e6,
+        dram_bytes_per_us: dev.dram_bytes_per_s / 1e6,
+        tensor_bf16_flops_per_us: dev.tensor_bf16_flops / 1e6,
+        tensor_tf32_flops_per_us: dev.tensor_tf32_flops / 1e6,
+        tensor_min_rows: dev.tensor_min_rows as f64,
+        score: rank_scorer(env, dev),
+        max_live_words: crate::rank::model::max_live_words(dev),
+        scale: 1.0,
+    }
+}
+
 choice! {
     /// `extract{stored-grids=…}`.
     pub enum StoredGrids {
@@ -593,18 +614,7 @@ impl ExtractPass {
         }
         let dev = device(self.device.word())
             .map_err(|m| vec![Diagnostic::global(Severity::Error, format!("extract: {m}"))])?;
-        Ok(Some(RankBound {
-            top,
-            launch_us: dev.launch_s * 1e6,
-            latency_us: dev.dram_latency_s * 1e6,
-            dram_bytes_per_us: dev.dram_bytes_per_s / 1e6,
-            tensor_bf16_flops_per_us: dev.tensor_bf16_flops / 1e6,
-            tensor_tf32_flops_per_us: dev.tensor_tf32_flops / 1e6,
-            tensor_min_rows: dev.tensor_min_rows as f64,
-            score: rank_scorer(env, dev),
-            max_live_words: crate::rank::model::max_live_words(dev),
-            scale: 1.0,
-        }))
+        Ok(Some(rank_bound_on(env, dev, top)))
     }
 
     /// The pass reading the resident size from `reader` instead of the process (a test stops

@@ -369,20 +369,8 @@ pub(super) mod tests {
 
     /// The rank bound on an H100, top `top`, scored by the rank model.
     pub(in crate::egraph::extract) fn h100_bound(g: &TypedEGraph, top: usize) -> RankBound {
-        let env = &g.egraph.analysis.env;
         let dev = crate::rank::device::device("h100").expect("a known device");
-        RankBound {
-            top,
-            launch_us: dev.launch_s * 1e6,
-            latency_us: dev.dram_latency_s * 1e6,
-            dram_bytes_per_us: dev.dram_bytes_per_s / 1e6,
-            tensor_bf16_flops_per_us: dev.tensor_bf16_flops / 1e6,
-            tensor_tf32_flops_per_us: dev.tensor_tf32_flops / 1e6,
-            tensor_min_rows: dev.tensor_min_rows as f64,
-            score: crate::passes::extract::rank_scorer(env, dev),
-            max_live_words: crate::rank::model::max_live_words(dev),
-            scale: 1.0,
-        }
+        crate::passes::extract::rank_bound_on(&g.egraph.analysis.env, dev, top)
     }
 
     /// A batched product's operand tile whose contraction dimension is whole (8 × 512 × a
